@@ -7,6 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, TransferError};
+use crate::shard::ShardPolicy;
 
 /// Which backend produced an address or descriptor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -54,6 +55,8 @@ pub struct GroupAddress {
     pub nics: Vec<NicAddress>,
     /// Delivery order of the group's backend.
     pub ordering: Ordering,
+    /// How this group splits single writes (receivers need it to count immediates).
+    pub shard_policy: ShardPolicy,
 }
 
 /// An engine's main address: everything a peer needs to reach it.

@@ -72,6 +72,11 @@ pub struct WriteOp {
     pub imm: Option<u32>,
 }
 
+// SAFETY: a WriteOp only describes memory (registered, kept alive by the
+// engine until the op completes); it is moved between threads, never used to
+// form references.
+unsafe impl Send for WriteOp {}
+
 /// Something a domain reports from [`Domain::poll`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DomainEvent {

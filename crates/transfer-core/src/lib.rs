@@ -6,16 +6,47 @@
 //! multi-NIC sharding and the worker threads that own the NICs.
 //!
 //! Backends implement [`Domain`]; see the `transfer-efa` and
-//! `transfer-verbs` crates.
+//! `transfer-verbs` crates. Layering, bottom up: value types (`addr`,
+//! `memory`, `request`) -> backend contract (`domain`, `group`) -> pure
+//! arithmetic (`shard`) -> receiver counters (`imm_counter`) -> worker
+//! threads (`worker`, `idle`, `topology`) -> public API (`engine`).
 
 pub mod addr;
+mod callbacks;
+pub mod completion;
 pub mod domain;
+pub mod engine;
 pub mod error;
+pub mod group;
+pub mod idle;
+mod imm_counter;
 pub mod memory;
+mod oneshot;
+pub mod peer;
+mod recv_pool;
+pub mod region;
+pub mod request;
+pub mod shard;
+pub mod topology;
+mod worker;
+
+#[cfg(feature = "test-domain")]
+pub mod testing;
+
+#[cfg(feature = "conformance")]
+pub mod conformance;
 
 pub use addr::{BackendKind, EngineAddress, GroupAddress, NicAddress, Ordering};
+pub use completion::{Callback, DoneFlag, Notify, Pending};
 pub use domain::{
     Domain, DomainEvent, DomainInfo, DomainMr, OpToken, PeerId, RecvToken, Registration, WriteOp,
 };
+pub use engine::{EngineBuilder, ImmFuture, TransferEngine};
 pub use error::{Result, TransferError};
+pub use group::DomainGroup;
+pub use idle::IdlePolicy;
 pub use memory::{MemoryLocation, MemorySpan, RemoteKey, RemoteNicRegion, RemoteRegion};
+pub use peer::{Peer, PeerGroup, RemoteTarget};
+pub use region::{HostBuffer, LocalRegion};
+pub use request::{PagedWriteRequest, Pages, ScatterItem, Slice, WriteRequest};
+pub use shard::{ShardPolicy, WriteShape};

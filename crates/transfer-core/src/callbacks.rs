@@ -1,0 +1,89 @@
+//! The engine's callback thread.
+//!
+//! Workers hand finished callbacks to it through an unbounded lock-free
+//! queue, so a worker never blocks on user code and a slow callback never
+//! stalls the NICs. Callbacks may submit new transfers: submits never wait on
+//! this thread, so that cannot deadlock.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::{self, JoinHandle, Thread};
+use std::time::Duration;
+
+use crossbeam_queue::SegQueue;
+
+/// A unit of work for the callback thread.
+pub(crate) type Job = Box<dyn FnOnce() + Send>;
+
+pub(crate) struct CallbackQueue {
+    jobs: SegQueue<Job>,
+    stop: AtomicBool,
+    thread: std::sync::OnceLock<Thread>,
+}
+
+impl CallbackQueue {
+    pub(crate) fn push(&self, job: Job) {
+        self.jobs.push(job);
+        if let Some(t) = self.thread.get() {
+            t.unpark();
+        }
+    }
+}
+
+/// Owns the callback thread; dropping it runs the remaining jobs and joins.
+pub(crate) struct CallbackThread {
+    queue: Arc<CallbackQueue>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl CallbackThread {
+    pub(crate) fn spawn(name: String) -> std::io::Result<Self> {
+        let queue = Arc::new(CallbackQueue {
+            jobs: SegQueue::new(),
+            stop: AtomicBool::new(false),
+            thread: std::sync::OnceLock::new(),
+        });
+        let q = queue.clone();
+        let handle = thread::Builder::new().name(name).spawn(move || run(&q))?;
+        let _ = queue.thread.set(handle.thread().clone());
+        Ok(Self {
+            queue,
+            handle: Some(handle),
+        })
+    }
+
+    pub(crate) fn queue(&self) -> Arc<CallbackQueue> {
+        self.queue.clone()
+    }
+}
+
+fn run(q: &CallbackQueue) {
+    loop {
+        let mut ran = false;
+        while let Some(job) = q.jobs.pop() {
+            ran = true;
+            // A panicking user callback must not take the engine's
+            // notifications down with it; the panic message is printed by
+            // the default hook.
+            let _ = catch_unwind(AssertUnwindSafe(job));
+        }
+        if q.stop.load(Ordering::Acquire) && q.jobs.is_empty() {
+            return;
+        }
+        if !ran {
+            // Woken by push; the timeout only bounds a lost wake-up race.
+            thread::park_timeout(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for CallbackThread {
+    fn drop(&mut self) {
+        self.queue.stop.store(true, Ordering::Release);
+        if let Some(h) = self.handle.take() {
+            h.thread().unpark();
+            let _ = h.join();
+        }
+    }
+}

@@ -1,0 +1,168 @@
+//! How a submitter learns that its transfer finished: a callback, an atomic
+//! flag, or a [`Pending`] that can be blocked on or awaited.
+//!
+//! Flags and pendings are completed directly by the worker (a store and a
+//! wake, no user code); callbacks run on the engine's callback thread, so a
+//! slow callback never stalls a worker.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use crate::error::{Result, TransferError};
+use crate::oneshot;
+
+/// A completion callback; it receives the transfer's outcome.
+pub type Callback = Box<dyn FnOnce(Result<()>) + Send + 'static>;
+
+/// Where a submit reports its outcome.
+pub enum Notify {
+    /// Run on the engine's callback thread.
+    Callback(Callback),
+    /// Set an atomic flag that the submitter polls.
+    Flag(Arc<DoneFlag>),
+    /// Fill a [`Pending`] (created by [`Notify::pending`]).
+    Pending(PendingSender),
+}
+
+impl std::fmt::Debug for Notify {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Notify::Callback(_) => "Notify::Callback",
+            Notify::Flag(_) => "Notify::Flag",
+            Notify::Pending(_) => "Notify::Pending",
+        })
+    }
+}
+
+impl Notify {
+    /// A callback notification.
+    pub fn callback(f: impl FnOnce(Result<()>) + Send + 'static) -> Self {
+        Notify::Callback(Box::new(f))
+    }
+
+    /// A notification and the [`Pending`] it fills.
+    pub fn pending() -> (Self, Pending) {
+        let (tx, rx) = oneshot::channel();
+        (Notify::Pending(PendingSender(tx)), Pending(rx))
+    }
+}
+
+/// The worker-side half of a [`Pending`].
+pub struct PendingSender(oneshot::Sender<Result<()>>);
+
+/// A transfer in flight: block on it ([`Pending::wait`]) or `.await` it
+/// with any executor.
+pub struct Pending(oneshot::Receiver<Result<()>>);
+
+impl Pending {
+    /// Whether the transfer finished.
+    pub fn is_done(&self) -> bool {
+        self.0.is_ready()
+    }
+
+    /// Blocks until the transfer finishes.
+    pub fn wait(self) -> Result<()> {
+        self.0.wait().unwrap_or(Err(TransferError::Shutdown {
+            call: "Pending::wait",
+        }))
+    }
+
+    /// Blocks up to `timeout`; a timeout is an error (the transfer goes on).
+    pub fn wait_timeout(self, timeout: Duration) -> Result<()> {
+        match self.0.wait_timeout(timeout) {
+            Ok(r) => r,
+            Err(_) => Err(TransferError::Timeout {
+                call: "Pending::wait_timeout",
+                millis: timeout.as_millis().try_into().unwrap_or(u64::MAX),
+            }),
+        }
+    }
+}
+
+impl Future for Pending {
+    type Output = Result<()>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.0).poll(cx).map(|r| {
+            r.unwrap_or(Err(TransferError::Shutdown {
+                call: "Pending::poll",
+            }))
+        })
+    }
+}
+
+const FLAG_PENDING: u8 = 0;
+const FLAG_OK: u8 = 1;
+const FLAG_ERR: u8 = 2;
+
+/// An atomic completion flag, for submitters that poll (e.g. a GPU-adjacent
+/// thread spinning on many transfers).
+#[derive(Debug, Default)]
+pub struct DoneFlag {
+    state: AtomicU8,
+    error: OnceLock<TransferError>,
+}
+
+impl DoneFlag {
+    /// A new flag, not done.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// Whether the transfer finished (successfully or not).
+    pub fn is_done(&self) -> bool {
+        self.state.load(Ordering::Acquire) != FLAG_PENDING
+    }
+
+    /// The outcome, once done.
+    pub fn result(&self) -> Option<Result<()>> {
+        match self.state.load(Ordering::Acquire) {
+            FLAG_OK => Some(Ok(())),
+            FLAG_ERR => Some(Err(self.error.get().cloned().unwrap_or(
+                TransferError::Shutdown {
+                    call: "DoneFlag::result",
+                },
+            ))),
+            _ => None,
+        }
+    }
+
+    fn set(&self, result: Result<()>) {
+        match result {
+            Ok(()) => self.state.store(FLAG_OK, Ordering::Release),
+            Err(e) => {
+                let _ = self.error.set(e);
+                self.state.store(FLAG_ERR, Ordering::Release);
+            }
+        }
+    }
+}
+
+/// What the worker does with a finished notification.
+pub(crate) enum Delivery {
+    /// Done inline.
+    Done,
+    /// A callback to run on the callback thread.
+    Deferred(Box<dyn FnOnce() + Send>),
+}
+
+impl Notify {
+    /// Delivers `result`: flags and pendings inline, callbacks deferred.
+    pub(crate) fn deliver(self, result: Result<()>) -> Delivery {
+        match self {
+            Notify::Flag(flag) => {
+                flag.set(result);
+                Delivery::Done
+            }
+            Notify::Pending(tx) => {
+                tx.0.send(result);
+                Delivery::Done
+            }
+            Notify::Callback(cb) => Delivery::Deferred(Box::new(move || cb(result))),
+        }
+    }
+}

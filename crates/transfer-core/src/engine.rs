@@ -1,0 +1,842 @@
+//! The [`TransferEngine`]: the public API over one or more domain groups.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::addr::{BackendKind, EngineAddress, GroupAddress};
+use crate::callbacks::{CallbackQueue, CallbackThread};
+use crate::completion::{Delivery, Notify, Pending};
+use crate::domain::Domain;
+use crate::error::{Result, TransferError};
+use crate::group::DomainGroup;
+use crate::idle::IdlePolicy;
+use crate::imm_counter::{ImmAction, ImmCounters};
+use crate::memory::{MemoryLocation, MemorySpan, RemoteRegion};
+use crate::oneshot;
+use crate::peer::{Peer, PeerGroup, PeerInner, RemoteTarget};
+use crate::recv_pool::{RecvCallback, RecvPool};
+use crate::region::{HostBuffer, LocalRegion, RegionInner};
+use crate::request::{PagedWriteRequest, ScatterItem, Slice, WriteRequest};
+use crate::shard::{ShardPolicy, WriteShape, expected_imms};
+use crate::topology;
+use crate::worker::{
+    BarrierJob, Job, PagedJob, ScatterJob, SpanJob, Worker, WorkerQueue, WriteJob,
+};
+
+/// Default capacity of each worker's request queue (fabric-lib uses 128;
+/// a deeper queue absorbs bursts of paged writes from many API threads).
+pub const DEFAULT_QUEUE_CAPACITY: usize = 4096;
+
+type Spawner = Box<dyn FnOnce(&SpawnContext) -> Result<(GroupAddress, WorkerHandle)>>;
+
+struct SpawnContext {
+    index: usize,
+    idle: IdlePolicy,
+    policy: ShardPolicy,
+    pin: bool,
+    queue_capacity: usize,
+    callbacks: Arc<CallbackQueue>,
+    imms: Arc<ImmCounters>,
+}
+
+struct WorkerHandle {
+    queue: Arc<WorkerQueue>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Configures and starts a [`TransferEngine`].
+pub struct EngineBuilder {
+    spawners: Vec<(BackendKind, Spawner)>,
+    idle: IdlePolicy,
+    policy: ShardPolicy,
+    pin: bool,
+    queue_capacity: usize,
+    errors: Vec<TransferError>,
+}
+
+impl Default for EngineBuilder {
+    fn default() -> Self {
+        Self {
+            spawners: Vec::new(),
+            idle: IdlePolicy::default(),
+            policy: ShardPolicy::default(),
+            pin: true,
+            queue_capacity: DEFAULT_QUEUE_CAPACITY,
+            errors: Vec::new(),
+        }
+    }
+}
+
+impl EngineBuilder {
+    /// Adds a domain group; it gets its own worker thread. Group indices
+    /// follow the order of calls.
+    pub fn group<D: Domain>(mut self, domains: Vec<D>) -> Self {
+        match DomainGroup::new(domains) {
+            Ok(group) => {
+                let backend = group.backend();
+                self.spawners
+                    .push((backend, Box::new(move |ctx| spawn_worker(group, ctx))));
+            }
+            Err(e) => self.errors.push(e),
+        }
+        self
+    }
+
+    /// How idle workers wait (default: spin 200 µs, then park up to 1 ms).
+    pub fn idle_policy(mut self, idle: IdlePolicy) -> Self {
+        self.idle = idle;
+        self
+    }
+
+    /// How single writes are split over NICs.
+    pub fn shard_policy(mut self, policy: ShardPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Pin each worker to the CPUs of its first NIC's NUMA node when known (default on).
+    pub fn pin_workers(mut self, pin: bool) -> Self {
+        self.pin = pin;
+        self
+    }
+
+    /// Capacity of each worker's request queue.
+    pub fn queue_capacity(mut self, capacity: usize) -> Self {
+        self.queue_capacity = capacity;
+        self
+    }
+
+    /// Starts the workers and the callback thread.
+    pub fn build(self) -> Result<TransferEngine> {
+        const CALL: &str = "EngineBuilder::build";
+        if let Some(e) = self.errors.into_iter().next() {
+            return Err(e);
+        }
+        let Some(&(backend, _)) = self.spawners.first() else {
+            return Err(TransferError::invalid(
+                CALL,
+                "an engine needs at least one domain group",
+            ));
+        };
+        if let Some(&(other, _)) = self.spawners.iter().find(|(b, _)| *b != backend) {
+            return Err(TransferError::BackendMismatch {
+                call: CALL,
+                expected: backend,
+                got: other,
+            });
+        }
+        let callback_thread = CallbackThread::spawn("transfer-callbacks".into()).map_err(|e| {
+            TransferError::invalid(CALL, format!("spawning the callback thread: {e}"))
+        })?;
+        let imms = ImmCounters::new();
+        let mut groups = Vec::new();
+        let mut workers = Vec::new();
+        for (index, (_, spawn)) in self.spawners.into_iter().enumerate() {
+            let ctx = SpawnContext {
+                index,
+                idle: self.idle,
+                policy: self.policy,
+                pin: self.pin,
+                queue_capacity: self.queue_capacity,
+                callbacks: callback_thread.queue(),
+                imms: imms.clone(),
+            };
+            // On failure, already started workers are stopped by the engine's Drop below.
+            let (addr, handle) = match spawn(&ctx) {
+                Ok(v) => v,
+                Err(e) => {
+                    drop(TransferEngine::assemble(
+                        backend,
+                        groups,
+                        workers,
+                        callback_thread,
+                        imms,
+                    ));
+                    return Err(e);
+                }
+            };
+            groups.push(addr);
+            workers.push(handle);
+        }
+        Ok(TransferEngine::assemble(
+            backend,
+            groups,
+            workers,
+            callback_thread,
+            imms,
+        ))
+    }
+}
+
+fn spawn_worker<D: Domain>(
+    mut group: DomainGroup<D>,
+    ctx: &SpawnContext,
+) -> Result<(GroupAddress, WorkerHandle)> {
+    const CALL: &str = "EngineBuilder::build";
+    let addr = group.address(ctx.policy);
+    let numa = group.domains().first().and_then(|d| d.info().numa_node);
+    // The local side of zero-byte (barrier) writes must be registered memory on EFA.
+    let scratch = HostBuffer::new(64)?;
+    let span = MemorySpan {
+        ptr: scratch.as_ptr(),
+        len: scratch.len(),
+        location: MemoryLocation::Host,
+        dmabuf_fd: None,
+    };
+    let mut mrs = Vec::with_capacity(group.len());
+    for d in group.domains_mut() {
+        mrs.push(d.register(span)?.mr);
+    }
+    let queue = WorkerQueue::new(ctx.queue_capacity);
+    let worker = Worker {
+        ordered: addr.ordering == crate::addr::Ordering::InOrder,
+        group,
+        policy: ctx.policy,
+        idle: ctx.idle,
+        queue: queue.clone(),
+        callbacks: ctx.callbacks.clone(),
+        imms: ctx.imms.clone(),
+        scratch_region: (scratch, mrs),
+        ops: HashMap::new(),
+        next_token: 0,
+        peers: HashMap::new(),
+        regions: HashMap::new(),
+        batches: Vec::new(),
+        rr: 0,
+        recv_pool: None,
+    };
+    let pin = if ctx.pin {
+        numa.and_then(topology::numa_node_cpus)
+    } else {
+        None
+    };
+    let thread = std::thread::Builder::new()
+        .name(format!("transfer-worker-{}", ctx.index))
+        .spawn(move || {
+            if let Some(cpus) = pin {
+                // Pinning is an optimisation; an unpinned worker still works.
+                let _ = topology::pin_current_thread(&cpus);
+            }
+            worker.run();
+        })
+        .map_err(|e| TransferError::invalid(CALL, format!("spawning a worker: {e}")))?;
+    queue.set_thread(thread.thread().clone());
+    Ok((
+        addr,
+        WorkerHandle {
+            queue,
+            thread: Some(thread),
+        },
+    ))
+}
+
+/// The TransferEngine: registers memory, sends messages, writes into peers'
+/// memory with optional immediates, and counts the immediates it receives.
+///
+/// All methods take `&self`; share the engine between threads with `Arc`.
+/// Dropping it fails every transfer still in flight with
+/// [`TransferError::Shutdown`], closes the NICs and joins every thread.
+pub struct TransferEngine {
+    address: EngineAddress,
+    workers: Vec<WorkerHandle>,
+    callbacks: Arc<CallbackQueue>,
+    callback_thread: Option<CallbackThread>,
+    imms: Arc<ImmCounters>,
+    peers: Mutex<HashMap<EngineAddress, Peer>>,
+    next_id: AtomicU64,
+}
+
+impl std::fmt::Debug for TransferEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TransferEngine")
+            .field("address", &self.address)
+            .finish()
+    }
+}
+
+impl TransferEngine {
+    /// A builder; add at least one domain group.
+    pub fn builder() -> EngineBuilder {
+        EngineBuilder::default()
+    }
+
+    fn assemble(
+        backend: BackendKind,
+        groups: Vec<GroupAddress>,
+        workers: Vec<WorkerHandle>,
+        callback_thread: CallbackThread,
+        imms: Arc<ImmCounters>,
+    ) -> Self {
+        Self {
+            address: EngineAddress { backend, groups },
+            workers,
+            callbacks: callback_thread.queue(),
+            callback_thread: Some(callback_thread),
+            imms,
+            peers: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+        }
+    }
+
+    /// This engine's address, to hand to peers.
+    pub fn address(&self) -> &EngineAddress {
+        &self.address
+    }
+
+    /// Number of domain groups (workers).
+    pub fn groups(&self) -> usize {
+        self.workers.len()
+    }
+
+    fn worker(&self, call: &'static str, group: usize) -> Result<&WorkerHandle> {
+        self.workers
+            .get(group)
+            .ok_or_else(|| TransferError::invalid(call, format!("no domain group {group}")))
+    }
+
+    fn push(&self, group: usize, job: Job) -> Result<()> {
+        let w = self.worker("submit", group)?;
+        w.queue.push(job, &self.callbacks)
+    }
+
+    fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    // ---- memory -------------------------------------------------------
+
+    /// Allocates `len` bytes of page-aligned host memory and registers it
+    /// with every NIC of `group`.
+    pub fn alloc_host(&self, len: usize, group: usize) -> Result<LocalRegion> {
+        let buf = HostBuffer::new(len)?;
+        let span = MemorySpan {
+            ptr: buf.as_ptr(),
+            len,
+            location: MemoryLocation::Host,
+            dmabuf_fd: None,
+        };
+        self.register_span(span, group, Some(buf))
+    }
+
+    /// Registers caller-owned memory with every NIC of `group`.
+    ///
+    /// # Safety
+    /// `span` must stay valid (allocated, not freed or unmapped) until
+    /// [`TransferEngine::unregister`] succeeds or the engine is dropped:
+    /// peers may write into it at any time while it is registered.
+    pub unsafe fn register_raw(&self, span: MemorySpan, group: usize) -> Result<LocalRegion> {
+        self.register_span(span, group, None)
+    }
+
+    fn register_span(
+        &self,
+        span: MemorySpan,
+        group: usize,
+        owned: Option<HostBuffer>,
+    ) -> Result<LocalRegion> {
+        const CALL: &str = "register";
+        if span.len == 0 || span.ptr.is_null() {
+            return Err(TransferError::invalid(CALL, "empty or null span"));
+        }
+        let (tx, rx) = oneshot::channel();
+        self.push(
+            group,
+            Job::Register {
+                span: SpanJob(span),
+                reply: tx,
+            },
+        )?;
+        let regs = rx
+            .wait()
+            .unwrap_or(Err(TransferError::Shutdown { call: CALL }))?;
+        let remote = RemoteRegion {
+            backend: self.address.backend,
+            group: u32::try_from(group).map_err(|_| TransferError::invalid(CALL, "group index"))?,
+            len: span.len as u64,
+            nics: regs.iter().map(|r| r.remote).collect(),
+        };
+        let inner = Arc::new(RegionInner::new(
+            self.next_id(),
+            span.ptr,
+            span.len,
+            span.location,
+            group,
+            regs.iter().map(|r| r.mr).collect(),
+            remote,
+            owned,
+        ));
+        self.push(group, Job::Adopt(inner.clone()))?;
+        Ok(LocalRegion(inner))
+    }
+
+    /// Unregisters a region. Fails with [`TransferError::RegionBusy`] while
+    /// transfers that use it are in flight (the region stays usable then).
+    pub fn unregister(&self, region: &LocalRegion) -> Result<()> {
+        region.0.try_unregister()?;
+        let (tx, rx) = oneshot::channel();
+        self.push(
+            region.0.group,
+            Job::Unregister {
+                region: region.0.clone(),
+                reply: tx,
+            },
+        )?;
+        rx.wait()
+            .unwrap_or(Err(TransferError::Shutdown { call: "unregister" }))
+    }
+
+    // ---- peers --------------------------------------------------------
+
+    /// Validates and interns a peer address.
+    pub fn peer(&self, addr: &EngineAddress) -> Result<Peer> {
+        const CALL: &str = "peer";
+        if addr.backend != self.address.backend {
+            return Err(TransferError::BackendMismatch {
+                call: CALL,
+                expected: self.address.backend,
+                got: addr.backend,
+            });
+        }
+        addr.validate(CALL)?;
+        let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(p) = peers.get(addr) {
+            return Ok(p.clone());
+        }
+        let p = Peer(Arc::new(PeerInner {
+            id: self.next_id(),
+            addr: addr.clone(),
+        }));
+        peers.insert(addr.clone(), p.clone());
+        Ok(p)
+    }
+
+    /// Forgets a peer's connection state on every NIC, so that a restarted
+    /// peer at the same address is reached afresh by the next [`TransferEngine::peer`].
+    pub fn forget_peer(&self, peer: &Peer) -> Result<()> {
+        self.peers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&peer.0.addr);
+        for g in 0..self.workers.len() {
+            self.push(g, Job::ForgetPeer(peer.0.id))?;
+        }
+        Ok(())
+    }
+
+    /// Checks a peer's region descriptor against the peer's address.
+    pub fn remote(&self, peer: &Peer, region: RemoteRegion) -> Result<RemoteTarget> {
+        const CALL: &str = "remote";
+        if region.backend != self.address.backend {
+            return Err(TransferError::BackendMismatch {
+                call: CALL,
+                expected: self.address.backend,
+                got: region.backend,
+            });
+        }
+        let g = peer.0.addr.group(CALL, region.group as usize)?;
+        if region.nics.len() != g.nics.len() {
+            return Err(TransferError::invalid(
+                CALL,
+                format!(
+                    "descriptor has {} NIC entries, the peer's group {} has {}",
+                    region.nics.len(),
+                    region.group,
+                    g.nics.len()
+                ),
+            ));
+        }
+        Ok(RemoteTarget {
+            peer: peer.clone(),
+            region: Arc::new(region),
+        })
+    }
+
+    /// Adds a group of remote targets for repeated scatter and barrier.
+    pub fn add_group(&self, members: Vec<RemoteTarget>) -> PeerGroup {
+        PeerGroup {
+            members: members.into(),
+        }
+    }
+
+    // ---- one-sided ----------------------------------------------------
+
+    /// Submits a single write; `notify` hears the outcome.
+    pub fn submit_write(&self, req: WriteRequest<'_>, notify: Notify) -> Result<()> {
+        const CALL: &str = "write";
+        let checked = req
+            .src
+            .0
+            .check_range(CALL, req.src_offset, req.len)
+            .and_then(|()| req.dst.region.check_range(CALL, req.dst_offset, req.len));
+        if let Err(e) = checked {
+            return self.refuse(notify, e);
+        }
+        if let Err(e) = req.src.0.acquire(CALL) {
+            return self.refuse(notify, e);
+        }
+        self.push(
+            req.src.0.group,
+            Job::Write(WriteJob {
+                src: req.src.0.clone(),
+                src_offset: req.src_offset,
+                len: req.len,
+                dst: req.dst.clone(),
+                dst_offset: req.dst_offset,
+                imm: req.imm,
+                notify,
+            }),
+        )
+    }
+
+    /// Submits a single write and returns a [`Pending`] to wait on or await.
+    pub fn write(&self, req: WriteRequest<'_>) -> Result<Pending> {
+        let (n, p) = Notify::pending();
+        self.submit_write(req, n)?;
+        Ok(p)
+    }
+
+    /// Submits a paged write.
+    pub fn submit_paged_write(&self, req: PagedWriteRequest<'_>, notify: Notify) -> Result<()> {
+        const CALL: &str = "paged write";
+        if let Err(e) = check_paged(&req) {
+            return self.refuse(notify, e);
+        }
+        if let Err(e) = req.src.0.acquire(CALL) {
+            return self.refuse(notify, e);
+        }
+        self.push(
+            req.src.0.group,
+            Job::Paged(PagedJob {
+                src: req.src.0.clone(),
+                src_pages: req.src_pages,
+                dst: req.dst.clone(),
+                dst_pages: req.dst_pages,
+                page_len: req.page_len,
+                imm: req.imm,
+                notify,
+            }),
+        )
+    }
+
+    /// Submits a paged write and returns a [`Pending`].
+    pub fn paged_write(&self, req: PagedWriteRequest<'_>) -> Result<Pending> {
+        let (n, p) = Notify::pending();
+        self.submit_paged_write(req, n)?;
+        Ok(p)
+    }
+
+    /// Scatters slices of `src` to an ad-hoc list of targets, each item like a
+    /// single write (sharded by bytes when large, spread over NICs by item otherwise).
+    pub fn submit_scatter(
+        &self,
+        src: &LocalRegion,
+        items: Vec<ScatterItem>,
+        imm: Option<u32>,
+        notify: Notify,
+    ) -> Result<()> {
+        const CALL: &str = "scatter";
+        for it in &items {
+            let checked = src
+                .0
+                .check_range(CALL, it.src_offset, it.len)
+                .and_then(|()| it.dst.region.check_range(CALL, it.dst_offset, it.len));
+            if let Err(e) = checked {
+                return self.refuse(notify, e);
+            }
+        }
+        if let Err(e) = src.0.acquire(CALL) {
+            return self.refuse(notify, e);
+        }
+        self.push(
+            src.0.group,
+            Job::Scatter(ScatterJob {
+                src: src.0.clone(),
+                items,
+                imm,
+                notify,
+            }),
+        )
+    }
+
+    /// Scatters one slice per member of `group` (`slices[i]` to member `i`).
+    pub fn submit_group_scatter(
+        &self,
+        src: &LocalRegion,
+        group: &PeerGroup,
+        slices: &[Slice],
+        imm: Option<u32>,
+        notify: Notify,
+    ) -> Result<()> {
+        if slices.len() != group.len() {
+            let e = TransferError::invalid(
+                "scatter",
+                format!("{} slices for {} group members", slices.len(), group.len()),
+            );
+            return self.refuse(notify, e);
+        }
+        let items = group
+            .members
+            .iter()
+            .zip(slices)
+            .map(|(m, s)| ScatterItem {
+                dst: m.clone(),
+                src_offset: s.src_offset,
+                dst_offset: s.dst_offset,
+                len: s.len,
+            })
+            .collect();
+        self.submit_scatter(src, items, imm, notify)
+    }
+
+    /// Scatter returning a [`Pending`].
+    pub fn scatter(
+        &self,
+        src: &LocalRegion,
+        items: Vec<ScatterItem>,
+        imm: Option<u32>,
+    ) -> Result<Pending> {
+        let (n, p) = Notify::pending();
+        self.submit_scatter(src, items, imm, n)?;
+        Ok(p)
+    }
+
+    /// Sends an immediate-only (zero-byte) write to every target: each
+    /// receiver counts exactly one arrival of `imm`. Uses group 0's NICs.
+    pub fn submit_barrier(&self, targets: &[RemoteTarget], imm: u32, notify: Notify) -> Result<()> {
+        self.push(
+            0,
+            Job::Barrier(BarrierJob {
+                targets: targets.into(),
+                imm,
+                notify,
+            }),
+        )
+    }
+
+    /// Barrier to a [`PeerGroup`].
+    pub fn submit_group_barrier(&self, group: &PeerGroup, imm: u32, notify: Notify) -> Result<()> {
+        self.push(
+            0,
+            Job::Barrier(BarrierJob {
+                targets: group.members.clone(),
+                imm,
+                notify,
+            }),
+        )
+    }
+
+    /// Barrier returning a [`Pending`].
+    pub fn barrier(&self, group: &PeerGroup, imm: u32) -> Result<Pending> {
+        let (n, p) = Notify::pending();
+        self.submit_group_barrier(group, imm, n)?;
+        Ok(p)
+    }
+
+    // ---- two-sided ----------------------------------------------------
+
+    /// Sends a message to `peer` (NIC 0 of group 0 to the peer's NIC 0 of
+    /// group 0). `data` is copied: the caller may reuse it at once.
+    pub fn submit_send(&self, peer: &Peer, data: &[u8], notify: Notify) -> Result<()> {
+        self.push(
+            0,
+            Job::Send {
+                peer: peer.clone(),
+                data: data.to_vec(),
+                notify,
+            },
+        )
+    }
+
+    /// Sends a message and returns a [`Pending`].
+    pub fn send(&self, peer: &Peer, data: &[u8]) -> Result<Pending> {
+        let (n, p) = Notify::pending();
+        self.submit_send(peer, data, n)?;
+        Ok(p)
+    }
+
+    /// Posts `count` receive buffers of `len` bytes; `callback` runs on the
+    /// callback thread with each message, and the buffer is reposted after
+    /// it returns. One pool per engine.
+    pub fn start_recv_pool(
+        &self,
+        count: usize,
+        len: usize,
+        callback: impl Fn(&[u8]) + Send + Sync + 'static,
+    ) -> Result<()> {
+        const CALL: &str = "start_recv_pool";
+        if count == 0 || len == 0 {
+            return Err(TransferError::invalid(
+                CALL,
+                "count and len must be non-zero",
+            ));
+        }
+        let total = count
+            .checked_mul(len)
+            .ok_or_else(|| TransferError::invalid(CALL, "count * len overflows"))?;
+        let cb: RecvCallback = Box::new(callback);
+        let pool = Arc::new(RecvPool::new(HostBuffer::new(total)?, count, len, cb));
+        let (tx, rx) = oneshot::channel();
+        self.push(0, Job::StartRecvPool { pool, reply: tx })?;
+        rx.wait()
+            .unwrap_or(Err(TransferError::Shutdown { call: CALL }))
+    }
+
+    // ---- immediates ---------------------------------------------------
+
+    /// Runs `callback` (on the callback thread) once `count` immediates
+    /// `imm` have arrived; those arrivals are consumed. Expectations on the
+    /// same value are served in the order they were set.
+    pub fn expect_imm(&self, imm: u32, count: u64, callback: impl FnOnce() + Send + 'static) {
+        let mut fired = Vec::new();
+        self.imms.expect(
+            imm,
+            count,
+            ImmAction::Callback(Box::new(callback)),
+            &mut fired,
+        );
+        self.deliver_all(fired);
+    }
+
+    /// Arrivals of `imm` not consumed by an expectation yet.
+    pub fn imm_value(&self, imm: u32) -> u64 {
+        self.imms.value(imm)
+    }
+
+    /// Blocks until `count` immediates `imm` have arrived, then consumes them.
+    pub fn wait_imm(&self, imm: u32, count: u64, timeout: Duration) -> Result<()> {
+        let (tx, rx) = oneshot::channel();
+        let mut fired = Vec::new();
+        let id = self
+            .imms
+            .expect(imm, count, ImmAction::Wake(tx), &mut fired);
+        self.deliver_all(fired);
+        match rx.wait_timeout(timeout) {
+            Ok(()) => Ok(()),
+            Err(rx) => {
+                let mut fired = Vec::new();
+                let cancelled = self.imms.cancel(imm, id, &mut fired);
+                self.deliver_all(fired);
+                if cancelled || rx.wait_timeout(Duration::ZERO).is_err() {
+                    Err(TransferError::Timeout {
+                        call: "wait_imm",
+                        millis: timeout.as_millis().try_into().unwrap_or(u64::MAX),
+                    })
+                } else {
+                    Ok(())
+                }
+            }
+        }
+    }
+
+    /// A future that resolves once `count` immediates `imm` have arrived
+    /// (consuming them). Works with any executor.
+    pub fn imm_future(&self, imm: u32, count: u64) -> ImmFuture {
+        let (tx, rx) = oneshot::channel();
+        let mut fired = Vec::new();
+        self.imms
+            .expect(imm, count, ImmAction::Wake(tx), &mut fired);
+        self.deliver_all(fired);
+        ImmFuture(rx)
+    }
+
+    /// Takes up to `count` pending arrivals of `imm` (when no expectation
+    /// waits on it); returns how many were taken. For poll-style receivers.
+    pub fn take_imm(&self, imm: u32, count: u64) -> u64 {
+        self.imms.take(imm, count)
+    }
+
+    /// How many immediates one logical transfer of `shape` from `sender`
+    /// (its group `sender_group`) delivers into this engine's group `my_group`.
+    pub fn expected_imms(
+        &self,
+        sender: &EngineAddress,
+        sender_group: usize,
+        my_group: usize,
+        shape: WriteShape,
+    ) -> Result<u64> {
+        const CALL: &str = "expected_imms";
+        let s = sender.group(CALL, sender_group)?;
+        let mine = self.address.group(CALL, my_group)?;
+        Ok(expected_imms(s, mine.nics.len(), shape))
+    }
+
+    fn deliver_all(&self, fired: Vec<Delivery>) {
+        for d in fired {
+            if let Delivery::Deferred(job) = d {
+                self.callbacks.push(job);
+            }
+        }
+    }
+
+    /// Reports a refused submit through `notify` and as the return value.
+    fn refuse(&self, notify: Notify, err: TransferError) -> Result<()> {
+        if let Delivery::Deferred(job) = notify.deliver(Err(err.clone())) {
+            self.callbacks.push(job);
+        }
+        Err(err)
+    }
+}
+
+fn check_paged(req: &PagedWriteRequest<'_>) -> Result<()> {
+    const CALL: &str = "paged write";
+    let n = req.src_pages.indices.len();
+    if n != req.dst_pages.indices.len() {
+        return Err(TransferError::invalid(
+            CALL,
+            format!(
+                "{n} source pages but {} destination pages",
+                req.dst_pages.indices.len()
+            ),
+        ));
+    }
+    if n == 0 {
+        return Err(TransferError::invalid(CALL, "no pages"));
+    }
+    for i in 0..n {
+        let s = req
+            .src_pages
+            .byte_offset(i)
+            .ok_or_else(|| TransferError::invalid(CALL, "source page offset overflows"))?;
+        let d = req
+            .dst_pages
+            .byte_offset(i)
+            .ok_or_else(|| TransferError::invalid(CALL, "destination page offset overflows"))?;
+        req.src.0.check_range(CALL, s, req.page_len)?;
+        req.dst.region.check_range(CALL, d, req.page_len)?;
+    }
+    Ok(())
+}
+
+/// Resolves when an immediate expectation is met (see [`TransferEngine::imm_future`]).
+pub struct ImmFuture(oneshot::Receiver<()>);
+
+impl std::future::Future for ImmFuture {
+    type Output = Result<()>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        std::pin::Pin::new(&mut self.0)
+            .poll(cx)
+            .map(|r| r.ok_or(TransferError::Shutdown { call: "imm_future" }))
+    }
+}
+
+impl Drop for TransferEngine {
+    fn drop(&mut self) {
+        for w in &self.workers {
+            w.queue.request_stop();
+        }
+        for w in &mut self.workers {
+            if let Some(t) = w.thread.take() {
+                let _ = t.join();
+            }
+        }
+        // Workers are gone; the callback thread drains what they delivered.
+        drop(self.callback_thread.take());
+    }
+}

@@ -1,0 +1,43 @@
+//! The conformance suite over the in-memory test domain, in two fabric
+//! configurations: unordered delivery with offset addressing (like EFA SRD
+//! and libfabric tcp's mr_mode 0), and in-order delivery with virtual
+//! addresses (like ConnectX RC).
+
+use transfer_core::conformance::Harness;
+use transfer_core::testing::{TestFabric, TestFabricConfig};
+use transfer_core::{Result, TransferEngine};
+
+struct TestHarness(TestFabricConfig);
+
+impl Harness for TestHarness {
+    fn engines(&self, count: usize, nics: usize) -> Result<Vec<TransferEngine>> {
+        let fabric = TestFabric::new(self.0);
+        (0..count)
+            .map(|_| {
+                TransferEngine::builder()
+                    .group(fabric.domains(nics))
+                    .build()
+            })
+            .collect()
+    }
+}
+
+mod unordered_offsets {
+    use super::*;
+    transfer_core::conformance_tests!(Some(TestHarness(TestFabricConfig {
+        seed: 7,
+        reorder: true,
+        ops_per_poll: 3,
+        virt_addr: false
+    })));
+}
+
+mod in_order_virt_addr {
+    use super::*;
+    transfer_core::conformance_tests!(Some(TestHarness(TestFabricConfig {
+        seed: 11,
+        reorder: false,
+        ops_per_poll: 64,
+        virt_addr: true
+    })));
+}

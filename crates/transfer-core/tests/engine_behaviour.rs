@@ -1,0 +1,1 @@
+//! Engine behaviour beyond the conformance suite (filled below).
