@@ -691,7 +691,7 @@ impl TransferEngine {
     /// same value are served in the order they were set.
     pub fn expect_imm(&self, imm: u32, count: u64, callback: impl FnOnce() + Send + 'static) {
         let mut fired = Vec::new();
-        self.imms.expect(
+        self.imms.add_expectation(
             imm,
             count,
             ImmAction::Callback(Box::new(callback)),
@@ -711,7 +711,7 @@ impl TransferEngine {
         let mut fired = Vec::new();
         let id = self
             .imms
-            .expect(imm, count, ImmAction::Wake(tx), &mut fired);
+            .add_expectation(imm, count, ImmAction::Wake(tx), &mut fired);
         self.deliver_all(fired);
         match rx.wait_timeout(timeout) {
             Ok(()) => Ok(()),
@@ -737,7 +737,7 @@ impl TransferEngine {
         let (tx, rx) = oneshot::channel();
         let mut fired = Vec::new();
         self.imms
-            .expect(imm, count, ImmAction::Wake(tx), &mut fired);
+            .add_expectation(imm, count, ImmAction::Wake(tx), &mut fired);
         self.deliver_all(fired);
         ImmFuture(rx)
     }

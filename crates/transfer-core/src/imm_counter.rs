@@ -83,7 +83,7 @@ impl ImmCounters {
     }
 
     /// Adds an expectation; it may fire at once. Returns its id (for cancel).
-    pub(crate) fn expect(
+    pub(crate) fn add_expectation(
         &self,
         imm: u32,
         count: u64,
@@ -141,5 +141,138 @@ fn drain_met(c: &mut Counter, fired: &mut Vec<Delivery>) {
         if let Some(e) = c.waiting.pop_front() {
             fired.push(e.action.fire());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+
+    #[derive(Clone, Copy, Debug)]
+    enum Ev {
+        Arrive,
+        Expect(u64),
+    }
+
+    fn permutations(items: &[Ev]) -> Vec<Vec<Ev>> {
+        if items.len() <= 1 {
+            return vec![items.to_vec()];
+        }
+        let mut out = Vec::new();
+        for i in 0..items.len() {
+            let mut rest = items.to_vec();
+            let x = rest.remove(i);
+            for mut p in permutations(&rest) {
+                p.insert(0, x);
+                out.push(p);
+            }
+        }
+        out
+    }
+
+    /// Every interleaving of arrivals and expectations ends in the same
+    /// state: expectations fire in the order set, exactly when the
+    /// arrivals cover them, and the surplus stays counted.
+    #[test]
+    fn every_arrival_order_gives_the_same_result() {
+        let scenarios: [&[Ev]; 3] = [
+            &[Ev::Arrive, Ev::Arrive, Ev::Arrive, Ev::Expect(3)],
+            &[
+                Ev::Arrive,
+                Ev::Arrive,
+                Ev::Arrive,
+                Ev::Arrive,
+                Ev::Expect(2),
+                Ev::Expect(1),
+            ],
+            &[
+                Ev::Arrive,
+                Ev::Arrive,
+                Ev::Arrive,
+                Ev::Expect(2),
+                Ev::Expect(2),
+            ],
+        ];
+        for events in scenarios {
+            let arrivals = events.iter().filter(|e| matches!(e, Ev::Arrive)).count() as u64;
+            for order in permutations(events) {
+                let counters = ImmCounters::new();
+                let fired_order = Arc::new(Mutex::new(Vec::new()));
+                let mut fired = Vec::new();
+                let mut set = Vec::new();
+                for ev in &order {
+                    match ev {
+                        Ev::Arrive => counters.arrive(9, 1, &mut fired),
+                        Ev::Expect(n) => {
+                            let idx = set.len();
+                            set.push(*n);
+                            let log = fired_order.clone();
+                            counters.add_expectation(
+                                9,
+                                *n,
+                                ImmAction::Callback(Box::new(move || {
+                                    if let Ok(mut l) = log.lock() {
+                                        l.push(idx)
+                                    }
+                                })),
+                                &mut fired,
+                            );
+                        }
+                    }
+                }
+                for d in fired.drain(..) {
+                    if let Delivery::Deferred(f) = d {
+                        f();
+                    }
+                }
+                // Model: expectation i fires iff the arrivals cover it and all before it.
+                let mut budget = arrivals;
+                let mut want = Vec::new();
+                for (i, n) in set.iter().enumerate() {
+                    if *n > budget {
+                        break;
+                    }
+                    budget -= n;
+                    want.push(i);
+                }
+                assert_eq!(
+                    *fired_order
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner),
+                    want,
+                    "order {order:?}"
+                );
+                assert_eq!(counters.value(9), budget, "order {order:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn cancel_lets_the_next_expectation_fire() {
+        let counters = ImmCounters::new();
+        let hits = Arc::new(AtomicUsize::new(0));
+        let mut fired = Vec::new();
+        let id = counters.add_expectation(1, 5, ImmAction::Callback(Box::new(|| {})), &mut fired);
+        let h = hits.clone();
+        counters.add_expectation(
+            1,
+            2,
+            ImmAction::Callback(Box::new(move || {
+                h.fetch_add(1, AtomicOrdering::SeqCst);
+            })),
+            &mut fired,
+        );
+        counters.arrive(1, 2, &mut fired);
+        assert!(fired.is_empty(), "the first expectation blocks the second");
+        assert!(counters.cancel(1, id, &mut fired));
+        for d in fired.drain(..) {
+            if let Delivery::Deferred(f) = d {
+                f();
+            }
+        }
+        assert_eq!(hits.load(AtomicOrdering::SeqCst), 1);
+        assert_eq!(counters.value(1), 0);
+        assert_eq!(counters.take(1, 1), 0);
     }
 }

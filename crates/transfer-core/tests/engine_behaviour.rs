@@ -1,1 +1,263 @@
-//! Engine behaviour beyond the conformance suite (filled below).
+//! Engine behaviour beyond the conformance suite: slow callbacks, full
+//! queues, injected failures, dead peers and random arrival orders, all over
+//! the seeded in-memory test domain.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, mpsc};
+use std::time::Duration;
+
+use transfer_core::testing::{TestFabric, TestFabricConfig};
+use transfer_core::{
+    DoneFlag, Notify, RemoteTarget, TransferEngine, TransferError, WriteRequest, WriteShape,
+};
+
+const GUARD: Duration = Duration::from_secs(60);
+
+fn pair(
+    config: TestFabricConfig,
+    nics: usize,
+    capacity: usize,
+) -> (TestFabric, TransferEngine, TransferEngine) {
+    let fabric = TestFabric::new(config);
+    let build = || {
+        TransferEngine::builder()
+            .queue_capacity(capacity)
+            .group(fabric.domains(nics))
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (build(), build());
+    (fabric, a, b)
+}
+
+fn target(a: &TransferEngine, b: &TransferEngine, r: &transfer_core::LocalRegion) -> RemoteTarget {
+    let peer = a.peer(b.address()).unwrap();
+    a.remote(&peer, r.remote().clone()).unwrap()
+}
+
+#[test]
+fn slow_callback_does_not_stall_the_worker() {
+    let (_f, a, b) = pair(TestFabricConfig::default(), 1, 64);
+    let src = a.alloc_host(4096, 0).unwrap();
+    let dst = b.alloc_host(4096, 0).unwrap();
+    let t = target(&a, &b, &dst);
+    let req = || WriteRequest {
+        src: &src,
+        src_offset: 0,
+        dst: &t,
+        dst_offset: 0,
+        len: 64,
+        imm: None,
+    };
+    let (release_tx, release_rx) = mpsc::channel::<()>();
+    let (entered_tx, entered_rx) = mpsc::channel::<()>();
+    a.submit_write(
+        req(),
+        Notify::callback(move |_| {
+            let _ = entered_tx.send(());
+            // Blocks the callback thread until the test has seen later completions.
+            let _ = release_rx.recv_timeout(GUARD);
+        }),
+    )
+    .unwrap();
+    entered_rx.recv_timeout(GUARD).unwrap();
+    for _ in 0..20 {
+        let flag = DoneFlag::new();
+        a.submit_write(req(), Notify::Flag(flag.clone())).unwrap();
+        let deadline = std::time::Instant::now() + GUARD;
+        while !flag.is_done() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "worker stalled behind a slow callback"
+            );
+            std::thread::yield_now();
+        }
+        a.write(req()).unwrap().wait_timeout(GUARD).unwrap();
+    }
+    release_tx.send(()).unwrap();
+}
+
+#[test]
+fn full_queue_and_submits_from_callbacks_never_deadlock() {
+    let (_f, a, b) = pair(TestFabricConfig::default(), 2, 2);
+    let a = Arc::new(a);
+    let src = a.alloc_host(1 << 16, 0).unwrap();
+    let dst = b.alloc_host(1 << 16, 0).unwrap();
+    let t = target(&a, &b, &dst);
+    let done = Arc::new(AtomicUsize::new(0));
+    let (tx, rx) = mpsc::channel();
+    for i in 0..200u64 {
+        let (a2, src2, t2, done2, tx2) =
+            (a.clone(), src.clone(), t.clone(), done.clone(), tx.clone());
+        let req = WriteRequest {
+            src: &src,
+            src_offset: i * 64,
+            dst: &t,
+            dst_offset: i * 64,
+            len: 64,
+            imm: Some(1),
+        };
+        a.submit_write(
+            req,
+            Notify::callback(move |r| {
+                r.unwrap();
+                // A callback that submits again while the queue (capacity 2) is full.
+                let req = WriteRequest {
+                    src: &src2,
+                    src_offset: 0,
+                    dst: &t2,
+                    dst_offset: 0,
+                    len: 64,
+                    imm: Some(2),
+                };
+                a2.submit_write(
+                    req,
+                    Notify::callback(move |r| {
+                        r.unwrap();
+                        if done2.fetch_add(1, Ordering::SeqCst) + 1 == 200 {
+                            let _ = tx2.send(());
+                        }
+                    }),
+                )
+                .unwrap();
+            }),
+        )
+        .unwrap();
+    }
+    rx.recv_timeout(GUARD)
+        .expect("callbacks that submit deadlocked");
+    b.wait_imm(1, 200, GUARD).unwrap();
+    b.wait_imm(2, 200, GUARD).unwrap();
+}
+
+#[test]
+fn injected_failure_reaches_the_notification_and_the_engine_goes_on() {
+    let (fabric, a, b) = pair(TestFabricConfig::default(), 1, 64);
+    let src = a.alloc_host(4096, 0).unwrap();
+    let dst = b.alloc_host(4096, 0).unwrap();
+    let t = target(&a, &b, &dst);
+    let req = || WriteRequest {
+        src: &src,
+        src_offset: 0,
+        dst: &t,
+        dst_offset: 0,
+        len: 64,
+        imm: None,
+    };
+    fabric.fail_next_writes(1);
+    let err = a.write(req()).unwrap().wait_timeout(GUARD).unwrap_err();
+    assert!(
+        matches!(err, TransferError::Backend { code: 5, .. }),
+        "{err}"
+    );
+    a.write(req()).unwrap().wait_timeout(GUARD).unwrap();
+}
+
+#[test]
+fn dead_peer_fails_fast_and_a_new_peer_works() {
+    let (fabric, a, b) = pair(TestFabricConfig::default(), 1, 64);
+    let src = a.alloc_host(4096, 0).unwrap();
+    let dst = b.alloc_host(4096, 0).unwrap();
+    let t = target(&a, &b, &dst);
+    fabric.kill(&b.address().groups[0].nics[0]).unwrap();
+    let req = WriteRequest {
+        src: &src,
+        src_offset: 0,
+        dst: &t,
+        dst_offset: 0,
+        len: 64,
+        imm: None,
+    };
+    let err = a.write(req).unwrap().wait_timeout(GUARD).unwrap_err();
+    assert!(
+        matches!(err, TransferError::PeerUnreachable { .. }),
+        "{err}"
+    );
+    a.forget_peer(t.peer()).unwrap();
+    // A restarted peer: a new engine on the same fabric.
+    let c = TransferEngine::builder()
+        .group(fabric.domains(1))
+        .build()
+        .unwrap();
+    let dst2 = c.alloc_host(4096, 0).unwrap();
+    let t2 = target(&a, &c, &dst2);
+    let req = WriteRequest {
+        src: &src,
+        src_offset: 0,
+        dst: &t2,
+        dst_offset: 0,
+        len: 64,
+        imm: Some(3),
+    };
+    a.write(req).unwrap().wait_timeout(GUARD).unwrap();
+    c.wait_imm(3, 1, GUARD).unwrap();
+}
+
+/// Random completion orders (many seeds) with expectations set before and
+/// after the writes: every expectation fires exactly once.
+#[test]
+fn immediates_counted_under_random_orders() {
+    for seed in 0..12u64 {
+        let config = TestFabricConfig {
+            seed,
+            reorder: true,
+            ops_per_poll: 1 + (seed as usize % 4),
+            virt_addr: seed % 2 == 0,
+        };
+        let (_f, a, b) = pair(config, 1 + (seed as usize % 3), 64);
+        let len = 1u64 << 20;
+        let src = a.alloc_host(len as usize, 0).unwrap();
+        let dst = b.alloc_host(len as usize, 0).unwrap();
+        let t = target(&a, &b, &dst);
+        let per = b
+            .expected_imms(a.address(), 0, 0, WriteShape::Single { len })
+            .unwrap();
+        let fired = Arc::new(AtomicUsize::new(0));
+        for imm in 0..4u32 {
+            if imm % 2 == 0 {
+                let f = fired.clone();
+                b.expect_imm(imm, 3 * per, move || {
+                    f.fetch_add(1, Ordering::SeqCst);
+                });
+            }
+        }
+        let mut ps = Vec::new();
+        for round in 0..3 {
+            for imm in 0..4u32 {
+                let req = WriteRequest {
+                    src: &src,
+                    src_offset: 0,
+                    dst: &t,
+                    dst_offset: 0,
+                    len,
+                    imm: Some(imm),
+                };
+                ps.push(a.write(req).unwrap());
+                let _ = round;
+            }
+        }
+        for p in ps {
+            p.wait_timeout(GUARD).unwrap();
+        }
+        for imm in (0..4u32).filter(|i| i % 2 == 1) {
+            b.wait_imm(imm, 3 * per, GUARD).unwrap();
+        }
+        let deadline = std::time::Instant::now() + GUARD;
+        while fired.load(Ordering::SeqCst) < 2 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "seed {seed}: expectation did not fire"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        for imm in 0..4 {
+            assert_eq!(
+                b.imm_value(imm),
+                0,
+                "seed {seed}: leftover arrivals for {imm}"
+            );
+        }
+    }
+}

@@ -72,9 +72,8 @@ macro_rules! conformance_tests {
             fn $name() {
                 let harness = $harness;
                 let Some(h) = harness else { return };
-                if let Err(e) = $crate::conformance::run_case(&h, stringify!($name)) {
-                    panic!("conformance case {} failed: {e}", stringify!($name));
-                }
+                let result = $crate::conformance::run_case(&h, stringify!($name));
+                assert!(result.is_ok(), "conformance case {} failed: {:?}", stringify!($name), result);
             }
         )*
     };

@@ -1,0 +1,81 @@
+//! System packages the tests and the bench need at run time.
+//!
+//! Nothing here is needed to *build*: native libraries are loaded at run
+//! time. Installed with apt when running as root; otherwise the exact
+//! command is printed and the step fails with it.
+
+use std::path::Path;
+use std::process::Command;
+
+/// A Debian package and how to tell it is present.
+pub struct Package {
+    /// Debian/Ubuntu package name.
+    pub name: &'static str,
+    /// Files of which at least one exists when the package is installed.
+    pub probes: &'static [&'static str],
+    /// Why the project needs it.
+    pub why: &'static str,
+}
+
+/// Runtime packages of the tests and the bench.
+pub const RUNTIME: [Package; 2] = [
+    Package {
+        name: "libfabric1",
+        probes: &[
+            "/usr/lib/x86_64-linux-gnu/libfabric.so.1",
+            "/usr/lib/aarch64-linux-gnu/libfabric.so.1",
+            "/opt/amazon/efa/lib/libfabric.so.1",
+            "/opt/amazon/efa/lib64/libfabric.so.1",
+        ],
+        why: "the libfabric backend (tcp, shm providers on this machine)",
+    },
+    Package {
+        name: "libfabric-bin",
+        probes: &["/usr/bin/fi_pingpong", "/opt/amazon/efa/bin/fi_pingpong"],
+        why: "fi_info and fi_pingpong, the raw provider baseline",
+    },
+];
+
+fn present(p: &Package) -> bool {
+    p.probes.iter().any(|f| Path::new(f).exists())
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions. Declared here to keep xtask std-only.
+    unsafe { geteuid() == 0 }
+}
+
+unsafe extern "C" {
+    fn geteuid() -> u32;
+}
+
+/// Makes sure every package of `pkgs` is installed.
+pub fn ensure(pkgs: &[Package]) -> Result<(), String> {
+    let missing: Vec<&Package> = pkgs.iter().filter(|p| !present(p)).collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let names: Vec<&str> = missing.iter().map(|p| p.name).collect();
+    for p in &missing {
+        eprintln!("xtask: missing {} ({})", p.name, p.why);
+    }
+    let install = format!("apt-get install -y --no-install-recommends {}", names.join(" "));
+    if !is_root() {
+        return Err(format!("system packages missing; install them with:\n    sudo apt-get update && sudo {install}"));
+    }
+    if Path::new("/usr/bin/apt-get").exists() {
+        let mut update = Command::new("apt-get");
+        update.arg("update").env("DEBIAN_FRONTEND", "noninteractive");
+        // A failed update (offline mirror) may still leave a usable cache.
+        let _ = crate::step::run("apt-get update", &mut update);
+        let mut cmd = Command::new("apt-get");
+        cmd.args(["install", "-y", "--no-install-recommends"]).args(&names).env("DEBIAN_FRONTEND", "noninteractive");
+        crate::step::run("install system packages", &mut cmd)?;
+    } else {
+        return Err(format!("no apt-get on this machine; install the equivalent of: {}", names.join(" ")));
+    }
+    match pkgs.iter().find(|p| !present(p)) {
+        Some(p) => Err(format!("{} still missing after apt-get install", p.name)),
+        None => Ok(()),
+    }
+}
