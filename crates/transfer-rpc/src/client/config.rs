@@ -1,0 +1,76 @@
+//! Client configuration, including the `TRANSFER_RPC_*` environment switches.
+
+use std::time::Duration;
+
+use crate::protocol::Limits;
+
+/// Environment variable: `0` forces the hub path for stage-boundary copies.
+pub const ENV_P2P: &str = "TRANSFER_RPC_P2P";
+/// Environment variable: `1` turns on per-command counters.
+pub const ENV_STATS: &str = "TRANSFER_RPC_STATS";
+
+/// Client behaviour switches.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Use COPY_TENSOR_TO when the source server supports it.
+    pub p2p: bool,
+    /// Count commands and bytes.
+    pub stats: bool,
+    /// Connect timeout (`None` = the OS default).
+    pub connect_timeout: Option<Duration>,
+    /// Read/write timeout (`None` = block).
+    pub io_timeout: Option<Duration>,
+    /// Message size limits for responses.
+    pub limits: Limits,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            p2p: true,
+            stats: false,
+            connect_timeout: None,
+            io_timeout: None,
+            limits: Limits::default(),
+        }
+    }
+}
+
+/// Parses a boolean switch: `0`, `false`, `off`, `no` are false, any other
+/// non-empty value true, unset or empty gives `default`.
+pub fn parse_flag(value: Option<&str>, default: bool) -> bool {
+    match value.map(str::trim) {
+        None | Some("") => default,
+        Some(v) => !matches!(
+            v.to_ascii_lowercase().as_str(),
+            "0" | "false" | "off" | "no"
+        ),
+    }
+}
+
+impl ClientConfig {
+    /// Defaults, with `TRANSFER_RPC_P2P` and `TRANSFER_RPC_STATS` applied.
+    pub fn from_env() -> Self {
+        let var = |k: &str| std::env::var(k).ok();
+        ClientConfig {
+            p2p: parse_flag(var(ENV_P2P).as_deref(), true),
+            stats: parse_flag(var(ENV_STATS).as_deref(), false),
+            ..ClientConfig::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags() {
+        assert!(parse_flag(None, true));
+        assert!(!parse_flag(None, false));
+        assert!(!parse_flag(Some("0"), true));
+        assert!(!parse_flag(Some("off"), true));
+        assert!(parse_flag(Some("1"), false));
+        assert!(parse_flag(Some(""), true));
+    }
+}

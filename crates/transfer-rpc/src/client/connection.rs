@@ -1,0 +1,442 @@
+//! One client connection to a ggml-rpc server, with every command.
+
+use std::io::{Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+
+use super::config::ClientConfig;
+use super::stats::Stats;
+use crate::error::{Result, RpcError};
+use crate::protocol::frame::{REQUEST_HEADER_SIZE, decode_response_header};
+use crate::protocol::hello::{FEATURE_COPY_TENSOR_TO, HelloRequest};
+use crate::protocol::tensor::MAX_SRC;
+use crate::protocol::{
+    Command, ExtInfo, GraphPayload, HelloResponse, Request, Response, RpcTensor,
+};
+
+/// A connected, HELLO-negotiated client.
+#[derive(Debug)]
+pub struct Client {
+    stream: TcpStream,
+    endpoint: String,
+    config: ClientConfig,
+    stats: Option<Stats>,
+    server_version: HelloResponse,
+    ext: Option<Option<ExtInfo>>,
+}
+
+fn open(endpoint: &str, config: &ClientConfig) -> Result<TcpStream> {
+    let stream = match config.connect_timeout {
+        None => TcpStream::connect(endpoint).map_err(|e| RpcError::io("connect", e))?,
+        Some(t) => {
+            let addrs = endpoint
+                .to_socket_addrs()
+                .map_err(|e| RpcError::io("connect: resolve", e))?;
+            let mut last = None;
+            let mut found = None;
+            for a in addrs {
+                match TcpStream::connect_timeout(&a, t) {
+                    Ok(s) => {
+                        found = Some(s);
+                        break;
+                    }
+                    Err(e) => last = Some(e),
+                }
+            }
+            match (found, last) {
+                (Some(s), _) => s,
+                (None, Some(e)) => return Err(RpcError::io("connect", e)),
+                (None, None) => {
+                    return Err(RpcError::refused("connect", "endpoint resolves to nothing"));
+                }
+            }
+        }
+    };
+    stream
+        .set_nodelay(true)
+        .map_err(|e| RpcError::io("connect: set_nodelay", e))?;
+    stream
+        .set_read_timeout(config.io_timeout)
+        .and_then(|()| stream.set_write_timeout(config.io_timeout))
+        .map_err(|e| RpcError::io("connect: set timeouts", e))?;
+    Ok(stream)
+}
+
+impl Client {
+    /// Connects to `endpoint` (`host:port`) and performs HELLO, refusing a
+    /// server whose version an upstream 7.0 client would refuse.
+    pub fn connect(endpoint: &str, config: ClientConfig) -> Result<Client> {
+        let stream = open(endpoint, &config)?;
+        let stats = config.stats.then(Stats::default);
+        let mut c = Client {
+            stream,
+            endpoint: endpoint.to_owned(),
+            config,
+            stats,
+            server_version: HelloResponse::ours(),
+            ext: None,
+        };
+        let resp = c.call(&Request::Hello(HelloRequest::default()), 0)?;
+        let Response::Hello(h) = resp else {
+            return Err(RpcError::malformed("HELLO", "unexpected response"));
+        };
+        h.check_compatible()?;
+        c.server_version = h;
+        Ok(c)
+    }
+
+    /// The endpoint this client connected to (what COPY_TENSOR_TO sends to
+    /// a source server when this client is the destination).
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// Overrides the endpoint advertised to other servers (when they reach
+    /// this server by another address than the client does).
+    pub fn set_endpoint(&mut self, endpoint: &str) {
+        self.endpoint = endpoint.to_owned();
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ClientConfig {
+        &self.config
+    }
+
+    /// The version the server announced.
+    pub fn server_version(&self) -> HelloResponse {
+        self.server_version
+    }
+
+    /// Counters, when enabled.
+    pub fn stats(&self) -> Option<&Stats> {
+        self.stats.as_ref()
+    }
+
+    /// Returns the counters and resets them (per-step tables).
+    pub fn take_stats(&mut self) -> Option<Stats> {
+        self.stats.as_mut().map(Stats::take)
+    }
+
+    fn send(&mut self, req: &Request<'_>) -> Result<u64> {
+        let cmd = req.command();
+        let written = if let Request::SetTensor {
+            tensor,
+            cache_flag,
+            offset,
+            data,
+        } = req
+        {
+            // Avoid copying the data into a frame buffer.
+            let head = Request::SetTensor {
+                tensor: tensor.clone(),
+                cache_flag: *cache_flag,
+                offset: *offset,
+                data: &[],
+            }
+            .encode_payload();
+            let size = (head.len() + data.len()) as u64;
+            let mut frame = Vec::with_capacity(REQUEST_HEADER_SIZE + head.len());
+            frame.push(cmd.byte());
+            frame.extend_from_slice(&size.to_le_bytes());
+            frame.extend_from_slice(&head);
+            self.stream
+                .write_all(&frame)
+                .and_then(|()| self.stream.write_all(data))
+                .map_err(|e| RpcError::io(cmd.name(), e))?;
+            REQUEST_HEADER_SIZE as u64 + size
+        } else {
+            let frame = req.encode_frame();
+            self.stream
+                .write_all(&frame)
+                .map_err(|e| RpcError::io(cmd.name(), e))?;
+            frame.len() as u64
+        };
+        if let Some(s) = self.stats.as_mut() {
+            s.record(cmd, written, 0);
+        }
+        Ok(written)
+    }
+
+    fn recv(&mut self, cmd: Command, expected_data: usize) -> Result<Response> {
+        let mut head = [0u8; 8];
+        self.stream
+            .read_exact(&mut head)
+            .map_err(|e| RpcError::io(cmd.name(), e))?;
+        let size = decode_response_header(&head, &self.config.limits)?;
+        let mut payload = Vec::new();
+        (&mut self.stream)
+            .take(size as u64)
+            .read_to_end(&mut payload)
+            .map_err(|e| RpcError::io(cmd.name(), e))?;
+        if payload.len() != size {
+            return Err(RpcError::malformed(
+                cmd.name(),
+                "connection closed mid-response",
+            ));
+        }
+        if let Some(s) = self.stats.as_mut() {
+            s.add_response(cmd, 8 + size as u64);
+        }
+        Response::decode(cmd, &payload, expected_data)
+    }
+
+    fn call(&mut self, req: &Request<'_>, expected_data: usize) -> Result<Response> {
+        self.send(req)?;
+        self.recv(req.command(), expected_data)
+    }
+
+    fn call_u64(&mut self, req: &Request<'_>) -> Result<u64> {
+        match self.call(req, 0)? {
+            Response::U64(v) => Ok(v),
+            _ => Err(RpcError::malformed(
+                req.command().name(),
+                "unexpected response",
+            )),
+        }
+    }
+
+    fn call_status(&mut self, req: &Request<'_>) -> Result<bool> {
+        match self.call(req, 0)? {
+            Response::Status(v) => Ok(v != 0),
+            _ => Err(RpcError::malformed(
+                req.command().name(),
+                "unexpected response",
+            )),
+        }
+    }
+
+    /// ALLOC_BUFFER: `(handle, size)`; `None` when the server refused.
+    pub fn alloc_buffer(&mut self, device: u32, size: u64) -> Result<Option<(u64, u64)>> {
+        match self.call(&Request::AllocBuffer { device, size }, 0)? {
+            Response::AllocBuffer { remote_ptr: 0, .. } => Ok(None),
+            Response::AllocBuffer {
+                remote_ptr,
+                remote_size,
+            } => Ok(Some((remote_ptr, remote_size))),
+            _ => Err(RpcError::malformed("ALLOC_BUFFER", "unexpected response")),
+        }
+    }
+
+    /// GET_ALIGNMENT.
+    pub fn get_alignment(&mut self, device: u32) -> Result<u64> {
+        self.call_u64(&Request::GetAlignment { device })
+    }
+
+    /// GET_MAX_SIZE.
+    pub fn get_max_size(&mut self, device: u32) -> Result<u64> {
+        self.call_u64(&Request::GetMaxSize { device })
+    }
+
+    /// BUFFER_GET_BASE.
+    pub fn buffer_get_base(&mut self, remote_ptr: u64) -> Result<u64> {
+        self.call_u64(&Request::BufferGetBase { remote_ptr })
+    }
+
+    /// FREE_BUFFER (no response).
+    pub fn free_buffer(&mut self, remote_ptr: u64) -> Result<()> {
+        self.send(&Request::FreeBuffer { remote_ptr }).map(drop)
+    }
+
+    /// BUFFER_CLEAR (no response).
+    pub fn buffer_clear(&mut self, remote_ptr: u64, value: u8) -> Result<()> {
+        self.send(&Request::BufferClear { remote_ptr, value })
+            .map(drop)
+    }
+
+    /// SET_TENSOR (no response).
+    pub fn set_tensor(&mut self, tensor: &RpcTensor, offset: u64, data: &[u8]) -> Result<()> {
+        self.set_tensor_cached(tensor, offset, data, false)
+    }
+
+    /// SET_TENSOR asking the server to store the data in its hash cache.
+    pub fn set_tensor_cached(
+        &mut self,
+        tensor: &RpcTensor,
+        offset: u64,
+        data: &[u8],
+        cache: bool,
+    ) -> Result<()> {
+        self.send(&Request::SetTensor {
+            tensor: Box::new(tensor.clone()),
+            cache_flag: u8::from(cache),
+            offset,
+            data,
+        })
+        .map(drop)
+    }
+
+    /// SET_TENSOR_HASH: true when the server had the data cached and wrote it.
+    pub fn set_tensor_hash(&mut self, tensor: &RpcTensor, offset: u64, hash: u64) -> Result<bool> {
+        self.call_status(&Request::SetTensorHash {
+            tensor: Box::new(tensor.clone()),
+            offset,
+            hash,
+        })
+    }
+
+    /// GET_TENSOR.
+    pub fn get_tensor(&mut self, tensor: &RpcTensor, offset: u64, size: u64) -> Result<Vec<u8>> {
+        let expected = usize::try_from(size)
+            .map_err(|_| RpcError::refused("GET_TENSOR", "size does not fit in memory"))?;
+        self.config.limits.check("GET_TENSOR", size)?;
+        match self.call(
+            &Request::GetTensor {
+                tensor: Box::new(tensor.clone()),
+                offset,
+                size,
+            },
+            expected,
+        )? {
+            Response::Data(d) => Ok(d),
+            _ => Err(RpcError::malformed("GET_TENSOR", "unexpected response")),
+        }
+    }
+
+    /// COPY_TENSOR within one server.
+    pub fn copy_tensor(&mut self, src: &RpcTensor, dst: &RpcTensor) -> Result<bool> {
+        self.call_status(&Request::CopyTensor {
+            src: Box::new(src.clone()),
+            dst: Box::new(dst.clone()),
+        })
+    }
+
+    /// GRAPH_COMPUTE (no response; a refusal closes the connection).
+    pub fn graph_compute(&mut self, graph: &GraphPayload) -> Result<()> {
+        self.send(&Request::GraphCompute(Box::new(graph.clone())))
+            .map(drop)
+    }
+
+    /// GET_DEVICE_MEMORY: `(free, total)`.
+    pub fn get_device_memory(&mut self, device: u32) -> Result<(u64, u64)> {
+        match self.call(&Request::GetDeviceMemory { device }, 0)? {
+            Response::DeviceMemory { free, total } => Ok((free, total)),
+            _ => Err(RpcError::malformed(
+                "GET_DEVICE_MEMORY",
+                "unexpected response",
+            )),
+        }
+    }
+
+    /// INIT_TENSOR (no response).
+    pub fn init_tensor(&mut self, tensor: &RpcTensor) -> Result<()> {
+        self.send(&Request::InitTensor {
+            tensor: Box::new(tensor.clone()),
+        })
+        .map(drop)
+    }
+
+    /// GET_ALLOC_SIZE.
+    pub fn get_alloc_size(
+        &mut self,
+        device: u32,
+        tensor: &RpcTensor,
+        srcs: &[RpcTensor; MAX_SRC],
+    ) -> Result<u64> {
+        self.call_u64(&Request::GetAllocSize {
+            device,
+            tensor: Box::new(tensor.clone()),
+            srcs: Box::new(srcs.clone()),
+        })
+    }
+
+    /// DEVICE_COUNT.
+    pub fn device_count(&mut self) -> Result<u32> {
+        match self.call(&Request::DeviceCount, 0)? {
+            Response::DeviceCount(n) => Ok(n),
+            _ => Err(RpcError::malformed("DEVICE_COUNT", "unexpected response")),
+        }
+    }
+
+    /// GRAPH_RECOMPUTE (no response).
+    pub fn graph_recompute(&mut self, device: u32) -> Result<()> {
+        self.send(&Request::GraphRecompute { device }).map(drop)
+    }
+
+    /// MEMSET_TENSOR (no response).
+    pub fn memset_tensor(
+        &mut self,
+        tensor: &RpcTensor,
+        offset: u64,
+        size: u64,
+        value: u8,
+    ) -> Result<()> {
+        self.send(&Request::MemsetTensor {
+            tensor: Box::new(tensor.clone()),
+            offset,
+            size,
+            value,
+        })
+        .map(drop)
+    }
+
+    /// EXT_QUERY on this connection. Against a server without the extension
+    /// the connection is closed by the server: use [`Client::probe_extensions`]
+    /// unless this connection may be dropped.
+    pub fn ext_query(&mut self) -> Result<ExtInfo> {
+        match self.call(&Request::ExtQuery, 0) {
+            Ok(Response::Ext(e)) => {
+                self.ext = Some(Some(e));
+                Ok(e)
+            }
+            Ok(_) => Err(RpcError::malformed("EXT_QUERY", "unexpected response")),
+            Err(RpcError::Io { .. }) => {
+                self.ext = Some(None);
+                Err(RpcError::ExtensionUnsupported { call: "EXT_QUERY" })
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether the server serves the extension, probed once on a throwaway
+    /// connection (an upstream server closes it) and cached.
+    pub fn probe_extensions(&mut self) -> Option<ExtInfo> {
+        if let Some(known) = self.ext {
+            return known;
+        }
+        let probe_cfg = ClientConfig {
+            stats: false,
+            ..self.config.clone()
+        };
+        let found = Client::connect(&self.endpoint, probe_cfg)
+            .and_then(|mut c| c.ext_query())
+            .ok();
+        self.ext = Some(found);
+        found
+    }
+
+    /// True when the server serves COPY_TENSOR_TO (probed once).
+    pub fn supports_copy_to(&mut self) -> bool {
+        self.probe_extensions()
+            .is_some_and(|e| e.has(FEATURE_COPY_TENSOR_TO))
+    }
+
+    /// COPY_TENSOR_TO: asks this (source) server to write `size` bytes of
+    /// `src` into `dst` on the server at `endpoint`. `Ok(false)` means a
+    /// recoverable failure: fall back to the hub path.
+    pub fn copy_tensor_to(
+        &mut self,
+        src: &RpcTensor,
+        dst: &RpcTensor,
+        size: u64,
+        endpoint: &str,
+    ) -> Result<bool> {
+        self.call_status(&Request::CopyTensorTo {
+            src: Box::new(src.clone()),
+            dst: Box::new(dst.clone()),
+            size,
+            endpoint: endpoint.to_owned(),
+        })
+    }
+
+    /// PEER_BARRIER: returns once every earlier command on this connection
+    /// has been executed.
+    pub fn peer_barrier(&mut self) -> Result<bool> {
+        self.call_status(&Request::PeerBarrier)
+    }
+
+    /// Sends raw bytes (tests and fuzzing of servers).
+    pub fn send_raw(&mut self, bytes: &[u8]) -> Result<()> {
+        self.stream
+            .write_all(bytes)
+            .map_err(|e| RpcError::io("send_raw", e))
+    }
+}

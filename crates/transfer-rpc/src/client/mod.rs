@@ -1,0 +1,11 @@
+//! A ggml-rpc client with every command and the stage-boundary copy.
+
+pub mod config;
+pub mod connection;
+pub mod stage_copy;
+pub mod stats;
+
+pub use config::ClientConfig;
+pub use connection::Client;
+pub use stage_copy::{CopyPath, copy_between};
+pub use stats::{CommandStats, Stats};

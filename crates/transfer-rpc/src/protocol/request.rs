@@ -1,0 +1,442 @@
+//! Request payload codecs for every command.
+
+use super::command::Command;
+use super::graph::GraphPayload;
+use super::hello::{HELLO_REQUEST_SIZE, HelloRequest};
+use super::tensor::{MAX_SRC, RPC_TENSOR_SIZE, RpcTensor};
+use super::wire::{Reader, WireWrite, expect_len};
+use crate::error::{Result, RpcError};
+
+/// Longest endpoint string COPY_TENSOR_TO accepts.
+pub const MAX_ENDPOINT_LEN: usize = 255;
+/// Size of the fixed part of a SET_TENSOR payload (tensor, cache flag, offset).
+pub const SET_TENSOR_HEADER_SIZE: usize = RPC_TENSOR_SIZE + 1 + 8;
+/// Size of the fixed part of a COPY_TENSOR_TO payload.
+pub const COPY_TENSOR_TO_HEADER_SIZE: usize = 2 * RPC_TENSOR_SIZE + 8 + 4;
+
+/// A decoded request. Tensors are untrusted until validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request<'a> {
+    /// ALLOC_BUFFER.
+    AllocBuffer {
+        /// Device index.
+        device: u32,
+        /// Bytes requested.
+        size: u64,
+    },
+    /// GET_ALIGNMENT.
+    GetAlignment {
+        /// Device index.
+        device: u32,
+    },
+    /// GET_MAX_SIZE.
+    GetMaxSize {
+        /// Device index.
+        device: u32,
+    },
+    /// BUFFER_GET_BASE.
+    BufferGetBase {
+        /// Buffer handle.
+        remote_ptr: u64,
+    },
+    /// FREE_BUFFER.
+    FreeBuffer {
+        /// Buffer handle.
+        remote_ptr: u64,
+    },
+    /// BUFFER_CLEAR.
+    BufferClear {
+        /// Buffer handle.
+        remote_ptr: u64,
+        /// Fill byte.
+        value: u8,
+    },
+    /// SET_TENSOR.
+    SetTensor {
+        /// Target tensor.
+        tensor: Box<RpcTensor>,
+        /// Non-zero: the server should store the data in its hash cache.
+        cache_flag: u8,
+        /// Byte offset into the tensor.
+        offset: u64,
+        /// The bytes to write.
+        data: &'a [u8],
+    },
+    /// SET_TENSOR_HASH.
+    SetTensorHash {
+        /// Target tensor.
+        tensor: Box<RpcTensor>,
+        /// Byte offset into the tensor.
+        offset: u64,
+        /// FNV-1a of the data.
+        hash: u64,
+    },
+    /// GET_TENSOR.
+    GetTensor {
+        /// Source tensor.
+        tensor: Box<RpcTensor>,
+        /// Byte offset into the tensor.
+        offset: u64,
+        /// Bytes to read.
+        size: u64,
+    },
+    /// COPY_TENSOR.
+    CopyTensor {
+        /// Source tensor.
+        src: Box<RpcTensor>,
+        /// Destination tensor.
+        dst: Box<RpcTensor>,
+    },
+    /// GRAPH_COMPUTE.
+    GraphCompute(Box<GraphPayload>),
+    /// GET_DEVICE_MEMORY.
+    GetDeviceMemory {
+        /// Device index.
+        device: u32,
+    },
+    /// INIT_TENSOR.
+    InitTensor {
+        /// Tensor to initialise.
+        tensor: Box<RpcTensor>,
+    },
+    /// GET_ALLOC_SIZE.
+    GetAllocSize {
+        /// Device index.
+        device: u32,
+        /// The tensor.
+        tensor: Box<RpcTensor>,
+        /// Its sources (id 0 = none).
+        srcs: Box<[RpcTensor; MAX_SRC]>,
+    },
+    /// HELLO.
+    Hello(HelloRequest),
+    /// DEVICE_COUNT.
+    DeviceCount,
+    /// GRAPH_RECOMPUTE.
+    GraphRecompute {
+        /// Device index.
+        device: u32,
+    },
+    /// MEMSET_TENSOR.
+    MemsetTensor {
+        /// Target tensor.
+        tensor: Box<RpcTensor>,
+        /// Byte offset into the tensor.
+        offset: u64,
+        /// Bytes to fill.
+        size: u64,
+        /// Fill byte.
+        value: u8,
+    },
+    /// EXT_QUERY (extension).
+    ExtQuery,
+    /// COPY_TENSOR_TO (extension).
+    CopyTensorTo {
+        /// Source tensor on the server receiving the request.
+        src: Box<RpcTensor>,
+        /// Destination tensor on the server at `endpoint`.
+        dst: Box<RpcTensor>,
+        /// Bytes to copy from the start of `src`.
+        size: u64,
+        /// `host:port` of the destination server.
+        endpoint: String,
+    },
+    /// PEER_BARRIER (extension).
+    PeerBarrier,
+}
+
+fn device_only(call: &'static str, r: &mut Reader<'_>) -> Result<u32> {
+    if r.remaining() != 4 {
+        return Err(RpcError::malformed(call, "payload must be exactly 4 bytes"));
+    }
+    r.u32()
+}
+
+fn handle_only(call: &'static str, r: &mut Reader<'_>) -> Result<u64> {
+    if r.remaining() != 8 {
+        return Err(RpcError::malformed(call, "payload must be exactly 8 bytes"));
+    }
+    r.u64()
+}
+
+fn tensor(r: &mut Reader<'_>) -> Result<Box<RpcTensor>> {
+    RpcTensor::read(r).map(Box::new)
+}
+
+impl<'a> Request<'a> {
+    /// The command this request is sent with.
+    pub fn command(&self) -> Command {
+        match self {
+            Request::AllocBuffer { .. } => Command::AllocBuffer,
+            Request::GetAlignment { .. } => Command::GetAlignment,
+            Request::GetMaxSize { .. } => Command::GetMaxSize,
+            Request::BufferGetBase { .. } => Command::BufferGetBase,
+            Request::FreeBuffer { .. } => Command::FreeBuffer,
+            Request::BufferClear { .. } => Command::BufferClear,
+            Request::SetTensor { .. } => Command::SetTensor,
+            Request::SetTensorHash { .. } => Command::SetTensorHash,
+            Request::GetTensor { .. } => Command::GetTensor,
+            Request::CopyTensor { .. } => Command::CopyTensor,
+            Request::GraphCompute(_) => Command::GraphCompute,
+            Request::GetDeviceMemory { .. } => Command::GetDeviceMemory,
+            Request::InitTensor { .. } => Command::InitTensor,
+            Request::GetAllocSize { .. } => Command::GetAllocSize,
+            Request::Hello(_) => Command::Hello,
+            Request::DeviceCount => Command::DeviceCount,
+            Request::GraphRecompute { .. } => Command::GraphRecompute,
+            Request::MemsetTensor { .. } => Command::MemsetTensor,
+            Request::ExtQuery => Command::ExtQuery,
+            Request::CopyTensorTo { .. } => Command::CopyTensorTo,
+            Request::PeerBarrier => Command::PeerBarrier,
+        }
+    }
+
+    /// Decodes the payload of `cmd`. Fixed-size requests must match their
+    /// size exactly; variable ones are checked field by field.
+    pub fn decode(cmd: Command, p: &'a [u8]) -> Result<Request<'a>> {
+        let call = cmd.name();
+        let mut r = Reader::new(p, call);
+        let req = match cmd {
+            Command::AllocBuffer => {
+                expect_len(call, p, 12)?;
+                Request::AllocBuffer {
+                    device: r.u32()?,
+                    size: r.u64()?,
+                }
+            }
+            Command::GetAlignment => Request::GetAlignment {
+                device: device_only(call, &mut r)?,
+            },
+            Command::GetMaxSize => Request::GetMaxSize {
+                device: device_only(call, &mut r)?,
+            },
+            Command::BufferGetBase => Request::BufferGetBase {
+                remote_ptr: handle_only(call, &mut r)?,
+            },
+            Command::FreeBuffer => Request::FreeBuffer {
+                remote_ptr: handle_only(call, &mut r)?,
+            },
+            Command::BufferClear => {
+                expect_len(call, p, 9)?;
+                Request::BufferClear {
+                    remote_ptr: r.u64()?,
+                    value: r.u8()?,
+                }
+            }
+            Command::SetTensor => {
+                if p.len() < SET_TENSOR_HEADER_SIZE {
+                    return Err(RpcError::malformed(call, "shorter than its header"));
+                }
+                Request::SetTensor {
+                    tensor: tensor(&mut r)?,
+                    cache_flag: r.u8()?,
+                    offset: r.u64()?,
+                    data: r.rest(),
+                }
+            }
+            Command::SetTensorHash => {
+                expect_len(call, p, RPC_TENSOR_SIZE + 16)?;
+                Request::SetTensorHash {
+                    tensor: tensor(&mut r)?,
+                    offset: r.u64()?,
+                    hash: r.u64()?,
+                }
+            }
+            Command::GetTensor => {
+                expect_len(call, p, RPC_TENSOR_SIZE + 16)?;
+                Request::GetTensor {
+                    tensor: tensor(&mut r)?,
+                    offset: r.u64()?,
+                    size: r.u64()?,
+                }
+            }
+            Command::CopyTensor => {
+                expect_len(call, p, 2 * RPC_TENSOR_SIZE)?;
+                Request::CopyTensor {
+                    src: tensor(&mut r)?,
+                    dst: tensor(&mut r)?,
+                }
+            }
+            Command::GraphCompute => Request::GraphCompute(Box::new(GraphPayload::decode(p)?)),
+            Command::GetDeviceMemory => Request::GetDeviceMemory {
+                device: device_only(call, &mut r)?,
+            },
+            Command::InitTensor => {
+                expect_len(call, p, RPC_TENSOR_SIZE)?;
+                Request::InitTensor {
+                    tensor: tensor(&mut r)?,
+                }
+            }
+            Command::GetAllocSize => {
+                expect_len(call, p, 4 + RPC_TENSOR_SIZE * (1 + MAX_SRC))?;
+                let device = r.u32()?;
+                let t = tensor(&mut r)?;
+                let mut srcs: Box<[RpcTensor; MAX_SRC]> = Box::default();
+                for s in srcs.iter_mut() {
+                    *s = RpcTensor::read(&mut r)?;
+                }
+                Request::GetAllocSize {
+                    device,
+                    tensor: t,
+                    srcs,
+                }
+            }
+            Command::Hello => {
+                expect_len(call, p, HELLO_REQUEST_SIZE)?;
+                Request::Hello(HelloRequest {
+                    conn_caps: r.array()?,
+                })
+            }
+            Command::DeviceCount => {
+                expect_len(call, p, 0)?;
+                Request::DeviceCount
+            }
+            Command::GraphRecompute => Request::GraphRecompute {
+                device: device_only(call, &mut r)?,
+            },
+            Command::MemsetTensor => {
+                expect_len(call, p, RPC_TENSOR_SIZE + 17)?;
+                Request::MemsetTensor {
+                    tensor: tensor(&mut r)?,
+                    offset: r.u64()?,
+                    size: r.u64()?,
+                    value: r.u8()?,
+                }
+            }
+            Command::ExtQuery => {
+                expect_len(call, p, 0)?;
+                Request::ExtQuery
+            }
+            Command::CopyTensorTo => {
+                let src = tensor(&mut r)?;
+                let dst = tensor(&mut r)?;
+                let size = r.u64()?;
+                let len = r.u32()? as usize;
+                if len == 0 || len > MAX_ENDPOINT_LEN || len != r.remaining() {
+                    return Err(RpcError::malformed(
+                        call,
+                        format!(
+                            "endpoint length {len} (max {MAX_ENDPOINT_LEN}, {} bytes follow)",
+                            r.remaining()
+                        ),
+                    ));
+                }
+                let endpoint = std::str::from_utf8(r.bytes(len)?)
+                    .map_err(|_| RpcError::malformed(call, "endpoint is not UTF-8"))?
+                    .to_owned();
+                Request::CopyTensorTo {
+                    src,
+                    dst,
+                    size,
+                    endpoint,
+                }
+            }
+            Command::PeerBarrier => {
+                expect_len(call, p, 0)?;
+                Request::PeerBarrier
+            }
+        };
+        r.finish()?;
+        Ok(req)
+    }
+
+    /// Encodes the payload (without the frame header).
+    pub fn encode_payload(&self) -> Vec<u8> {
+        let mut o = Vec::new();
+        match self {
+            Request::AllocBuffer { device, size } => {
+                o.put_u32(*device);
+                o.put_u64(*size);
+            }
+            Request::GetAlignment { device }
+            | Request::GetMaxSize { device }
+            | Request::GetDeviceMemory { device }
+            | Request::GraphRecompute { device } => o.put_u32(*device),
+            Request::BufferGetBase { remote_ptr } | Request::FreeBuffer { remote_ptr } => {
+                o.put_u64(*remote_ptr)
+            }
+            Request::BufferClear { remote_ptr, value } => {
+                o.put_u64(*remote_ptr);
+                o.put_u8(*value);
+            }
+            Request::SetTensor {
+                tensor,
+                cache_flag,
+                offset,
+                data,
+            } => {
+                o.reserve(SET_TENSOR_HEADER_SIZE + data.len());
+                tensor.encode_into(&mut o);
+                o.put_u8(*cache_flag);
+                o.put_u64(*offset);
+                o.extend_from_slice(data);
+            }
+            Request::SetTensorHash {
+                tensor,
+                offset,
+                hash,
+            } => {
+                tensor.encode_into(&mut o);
+                o.put_u64(*offset);
+                o.put_u64(*hash);
+            }
+            Request::GetTensor {
+                tensor,
+                offset,
+                size,
+            } => {
+                tensor.encode_into(&mut o);
+                o.put_u64(*offset);
+                o.put_u64(*size);
+            }
+            Request::CopyTensor { src, dst } => {
+                src.encode_into(&mut o);
+                dst.encode_into(&mut o);
+            }
+            Request::GraphCompute(g) => o = g.encode(),
+            Request::InitTensor { tensor } => tensor.encode_into(&mut o),
+            Request::GetAllocSize {
+                device,
+                tensor,
+                srcs,
+            } => {
+                o.put_u32(*device);
+                tensor.encode_into(&mut o);
+                for s in srcs.iter() {
+                    s.encode_into(&mut o);
+                }
+            }
+            Request::Hello(h) => o.extend_from_slice(&h.conn_caps),
+            Request::DeviceCount | Request::ExtQuery | Request::PeerBarrier => {}
+            Request::MemsetTensor {
+                tensor,
+                offset,
+                size,
+                value,
+            } => {
+                tensor.encode_into(&mut o);
+                o.put_u64(*offset);
+                o.put_u64(*size);
+                o.put_u8(*value);
+            }
+            Request::CopyTensorTo {
+                src,
+                dst,
+                size,
+                endpoint,
+            } => {
+                src.encode_into(&mut o);
+                dst.encode_into(&mut o);
+                o.put_u64(*size);
+                o.put_u32(endpoint.len() as u32);
+                o.extend_from_slice(endpoint.as_bytes());
+            }
+        }
+        o
+    }
+
+    /// Encodes the whole frame (header and payload).
+    pub fn encode_frame(&self) -> Vec<u8> {
+        super::frame::encode_request(self.command(), &self.encode_payload())
+    }
+}

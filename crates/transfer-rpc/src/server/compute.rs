@@ -1,0 +1,35 @@
+//! The compute backend behind GRAPH_COMPUTE / GRAPH_RECOMPUTE.
+
+use super::registry::BufferRegistry;
+use crate::error::{Result, RpcError};
+use crate::validate::ValidatedGraph;
+
+/// Runs validated graphs on a device. Implementations receive graphs that
+/// passed [`crate::validate::validate_graph`]; they must still range-check
+/// the indices listed in `ValidatedGraph::deferred_index_checks` at run
+/// time, and must refuse (not abort on) shapes their kernels cannot take.
+pub trait ComputeBackend: Send + Sync {
+    /// Short name for logs.
+    fn name(&self) -> &str;
+
+    /// Computes every node of `graph`, reading and writing `memory`.
+    fn compute(&self, graph: &ValidatedGraph, memory: &BufferRegistry) -> Result<()>;
+}
+
+/// A backend that refuses every graph with a clear error. This crate ships
+/// no ggml compute yet: results are never faked.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RefusingBackend;
+
+impl ComputeBackend for RefusingBackend {
+    fn name(&self) -> &str {
+        "none (graph compute refused)"
+    }
+
+    fn compute(&self, _graph: &ValidatedGraph, _memory: &BufferRegistry) -> Result<()> {
+        Err(RpcError::Compute {
+            call: "GRAPH_COMPUTE",
+            reason: "this server has no compute backend (built without ggml)".into(),
+        })
+    }
+}

@@ -1,0 +1,256 @@
+//! Command handlers of a session.
+
+use std::sync::{Arc, PoisonError};
+
+use super::session::Session;
+use crate::error::{Result, RpcError};
+use crate::protocol::hello::{ExtInfo, HelloResponse};
+use crate::protocol::{Request, Response, RpcTensor};
+use crate::validate::{CheckedTensor, check_shape, check_tensor, validate_graph};
+
+impl Session {
+    fn check_device(&self, call: &'static str, device: u32) -> Result<()> {
+        if device < self.shared.config.devices {
+            Ok(())
+        } else {
+            Err(RpcError::refused(
+                call,
+                format!("device {device} of {}", self.shared.config.devices),
+            ))
+        }
+    }
+
+    fn tensor(&self, call: &'static str, t: &RpcTensor) -> Result<CheckedTensor> {
+        check_tensor(call, t, self.shared.registry.as_ref())
+    }
+
+    /// Executes one request; `None` for commands without a response.
+    pub(super) fn dispatch(&mut self, req: Request<'_>) -> Result<Option<Response>> {
+        let reg = Arc::clone(&self.shared.registry);
+        let cfg = &self.shared.config;
+        match (&req, self.hello_done) {
+            (Request::Hello(_), false) => {
+                self.hello_done = true;
+                return Session::respond(Response::Hello(HelloResponse::ours()));
+            }
+            (Request::Hello(_), true) => {
+                return Err(RpcError::refused("HELLO", "second HELLO on a connection"));
+            }
+            (_, false) => {
+                return Err(RpcError::refused(
+                    req.command().name(),
+                    "HELLO must come first",
+                ));
+            }
+            _ => {}
+        }
+        match req {
+            Request::Hello(_) => Err(RpcError::refused("HELLO", "unreachable")),
+            Request::AllocBuffer { device, size } => {
+                self.check_device("ALLOC_BUFFER", device)?;
+                let buf = (size <= cfg.max_buffer_size)
+                    .then(|| reg.alloc(self.id, device, size))
+                    .flatten();
+                match buf {
+                    Some(b) => Session::respond(Response::AllocBuffer {
+                        remote_ptr: b.handle,
+                        remote_size: b.size,
+                    }),
+                    None => {
+                        self.shared.log(&format!(
+                            "session {}: ALLOC_BUFFER of {size} bytes refused (quota {}, used {})",
+                            self.id,
+                            reg.quota(),
+                            reg.used()
+                        ));
+                        Session::respond(Response::AllocBuffer {
+                            remote_ptr: 0,
+                            remote_size: 0,
+                        })
+                    }
+                }
+            }
+            Request::GetAlignment { device } => {
+                self.check_device("GET_ALIGNMENT", device)?;
+                Session::respond(Response::U64(cfg.alignment))
+            }
+            Request::GetMaxSize { device } => {
+                self.check_device("GET_MAX_SIZE", device)?;
+                Session::respond(Response::U64(cfg.max_buffer_size))
+            }
+            Request::BufferGetBase { remote_ptr } => match reg.get(remote_ptr) {
+                Some(b) => Session::respond(Response::U64(b.base)),
+                None => Err(RpcError::refused("BUFFER_GET_BASE", "unknown handle")),
+            },
+            Request::FreeBuffer { remote_ptr } => {
+                reg.free(self.id, remote_ptr)?;
+                Ok(None)
+            }
+            Request::BufferClear { remote_ptr, value } => {
+                let b = reg
+                    .get(remote_ptr)
+                    .ok_or_else(|| RpcError::refused("BUFFER_CLEAR", "unknown handle"))?;
+                reg.fill("BUFFER_CLEAR", remote_ptr, 0, b.size, value)?;
+                Ok(None)
+            }
+            Request::SetTensor {
+                tensor,
+                cache_flag,
+                offset,
+                data,
+            } => {
+                let c = self.tensor("SET_TENSOR", &tensor)?;
+                let (region, at) = c.range("SET_TENSOR", offset, data.len() as u64)?;
+                reg.write("SET_TENSOR", region.handle, at, data)?;
+                if cache_flag != 0 {
+                    if let Some(cache) = &self.shared.cache {
+                        if let Err(e) = cache.put(data) {
+                            self.shared.log(&format!("session {}: {e}", self.id));
+                        }
+                    }
+                }
+                Ok(None)
+            }
+            Request::SetTensorHash {
+                tensor,
+                offset,
+                hash,
+            } => {
+                let c = self.tensor("SET_TENSOR_HASH", &tensor)?;
+                let room = c.nbytes.saturating_sub(offset);
+                let Some(data) = self.shared.cache.as_ref().and_then(|k| k.get(hash, room)) else {
+                    return Session::respond(Response::Status(0));
+                };
+                let (region, at) = c.range("SET_TENSOR_HASH", offset, data.len() as u64)?;
+                reg.write("SET_TENSOR_HASH", region.handle, at, &data)?;
+                Session::respond(Response::Status(1))
+            }
+            Request::GetTensor {
+                tensor,
+                offset,
+                size,
+            } => {
+                let c = self.tensor("GET_TENSOR", &tensor)?;
+                let (region, at) = c.range("GET_TENSOR", offset, size)?;
+                cfg.limits.check("GET_TENSOR", size)?;
+                let data = reg.read_range("GET_TENSOR", region.handle, at, size)?;
+                Session::respond(Response::Data(data))
+            }
+            Request::CopyTensor { src, dst } => {
+                let s = self.tensor("COPY_TENSOR", &src)?;
+                let d = self.tensor("COPY_TENSOR", &dst)?;
+                let (sr, sat) = s.range("COPY_TENSOR", 0, s.nbytes)?;
+                let Ok((dr, dat)) = d.range("COPY_TENSOR", 0, s.nbytes) else {
+                    self.shared.log(&format!(
+                        "session {}: COPY_TENSOR of {} bytes does not fit its destination",
+                        self.id, s.nbytes
+                    ));
+                    return Session::respond(Response::Status(0));
+                };
+                let data = reg.read_range("COPY_TENSOR", sr.handle, sat, s.nbytes)?;
+                reg.write("COPY_TENSOR", dr.handle, dat, &data)?;
+                Session::respond(Response::Status(1))
+            }
+            Request::GraphCompute(g) => {
+                let graph = validate_graph(*g, cfg.devices, reg.as_ref(), &cfg.graph_limits)?;
+                let graph = Arc::new(graph);
+                self.run_graph(&graph)?;
+                self.last_graph.insert(graph.device, graph);
+                Ok(None)
+            }
+            Request::GraphRecompute { device } => {
+                self.check_device("GRAPH_RECOMPUTE", device)?;
+                let graph =
+                    self.last_graph.get(&device).cloned().ok_or_else(|| {
+                        RpcError::refused("GRAPH_RECOMPUTE", "no graph to recompute")
+                    })?;
+                // Buffers may have been freed since: re-check every tensor.
+                for t in &graph.tensors {
+                    self.tensor("GRAPH_RECOMPUTE", t)?;
+                }
+                self.run_graph(&graph)?;
+                Ok(None)
+            }
+            Request::GetDeviceMemory { device } => {
+                self.check_device("GET_DEVICE_MEMORY", device)?;
+                let total = reg.quota();
+                Session::respond(Response::DeviceMemory {
+                    free: total.saturating_sub(reg.used()),
+                    total,
+                })
+            }
+            Request::InitTensor { tensor } => {
+                let c = self.tensor("INIT_TENSOR", &tensor)?;
+                if c.placement.is_none() {
+                    return Err(RpcError::refused("INIT_TENSOR", "tensor has no buffer"));
+                }
+                Ok(None)
+            }
+            Request::GetAllocSize {
+                device,
+                tensor,
+                srcs,
+            } => {
+                self.check_device("GET_ALLOC_SIZE", device)?;
+                let (_, n) = check_shape("GET_ALLOC_SIZE", &tensor)?;
+                for s in srcs.iter().filter(|s| s.id != 0) {
+                    check_shape("GET_ALLOC_SIZE", s)?;
+                }
+                Session::respond(Response::U64(n))
+            }
+            Request::DeviceCount => Session::respond(Response::DeviceCount(cfg.devices)),
+            Request::MemsetTensor {
+                tensor,
+                offset,
+                size,
+                value,
+            } => {
+                let c = self.tensor("MEMSET_TENSOR", &tensor)?;
+                let (region, at) = c.range("MEMSET_TENSOR", offset, size)?;
+                reg.fill("MEMSET_TENSOR", region.handle, at, size, value)?;
+                Ok(None)
+            }
+            Request::ExtQuery => Session::respond(Response::Ext(ExtInfo::ours())),
+            Request::PeerBarrier => Session::respond(Response::Status(1)),
+            Request::CopyTensorTo {
+                src,
+                dst,
+                size,
+                endpoint,
+            } => {
+                let s = self.tensor("COPY_TENSOR_TO", &src)?;
+                let (region, at) = s.range("COPY_TENSOR_TO", 0, size)?;
+                cfg.limits.check("COPY_TENSOR_TO", size)?;
+                check_shape("COPY_TENSOR_TO", &dst)?;
+                if let Err(e) = self.peers.check_allowed(&endpoint) {
+                    self.shared.log(&format!("session {}: {e}", self.id));
+                    return Session::respond(Response::Status(0));
+                }
+                let data = reg.read_range("COPY_TENSOR_TO", region.handle, at, size)?;
+                // No lock is held while talking to the peer.
+                match self.peers.copy(&endpoint, &dst, &data) {
+                    Ok(()) => Session::respond(Response::Status(1)),
+                    Err(reason) => {
+                        self.shared.log(&format!(
+                            "session {}: COPY_TENSOR_TO {endpoint} answered 0: {reason}",
+                            self.id
+                        ));
+                        Session::respond(Response::Status(0))
+                    }
+                }
+            }
+        }
+    }
+
+    fn run_graph(&self, graph: &crate::validate::ValidatedGraph) -> Result<()> {
+        let lock = self
+            .shared
+            .device_locks
+            .get(graph.device as usize)
+            .ok_or_else(|| RpcError::refused("GRAPH_COMPUTE", "no such device"))?;
+        let _guard = lock.lock().unwrap_or_else(PoisonError::into_inner);
+        self.shared
+            .backend
+            .compute(graph, self.shared.registry.as_ref())
+    }
+}

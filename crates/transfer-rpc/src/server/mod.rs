@@ -1,0 +1,257 @@
+//! A threaded ggml-rpc TCP server.
+//!
+//! One thread per connection, bounded by [`ServerConfig::max_connections`]
+//! (extra connections wait in the accept queue). Sessions share one
+//! [`BufferRegistry`]; each owns the buffers it allocated and frees them on
+//! disconnect. Bad input closes only its own connection, with a logged
+//! reason. One execution lock per device is held only around compute, never
+//! while talking to another server.
+
+pub mod cache;
+pub mod compute;
+pub mod config;
+mod dispatch;
+pub mod limiter;
+pub mod peer;
+pub mod registry;
+pub mod session;
+
+use std::collections::HashMap;
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+
+pub use cache::HashCache;
+pub use compute::{ComputeBackend, RefusingBackend};
+pub use config::ServerConfig;
+pub use registry::BufferRegistry;
+
+use crate::error::{Result, RpcError};
+use limiter::Limiter;
+use session::Session;
+
+/// State shared by every session of a server.
+pub struct Shared {
+    /// Configuration.
+    pub config: ServerConfig,
+    /// All buffers.
+    pub registry: Arc<BufferRegistry>,
+    /// Graph compute.
+    pub backend: Arc<dyn ComputeBackend>,
+    /// One execution lock per device.
+    pub device_locks: Vec<Mutex<()>>,
+    /// SET_TENSOR_HASH cache.
+    pub cache: Option<HashCache>,
+    stop: AtomicBool,
+    next_session: AtomicU64,
+    live: Mutex<HashMap<u64, TcpStream>>,
+    closed_with_error: AtomicU64,
+}
+
+impl Shared {
+    /// Writes one log line to stderr.
+    pub fn log(&self, msg: &str) {
+        eprintln!("transfer-rpc-server: {msg}");
+    }
+
+    /// Connections closed because of refused or malformed input so far.
+    pub fn refused_connections(&self) -> u64 {
+        self.closed_with_error.load(Ordering::Relaxed)
+    }
+
+    /// Sessions currently connected.
+    pub fn live_sessions(&self) -> usize {
+        self.live
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+}
+
+/// A bound, not yet serving, server.
+pub struct Server {
+    shared: Arc<Shared>,
+    listener: TcpListener,
+    limiter: Arc<Limiter>,
+}
+
+impl Server {
+    /// Binds `config.bind` and prepares the shared state.
+    pub fn bind(config: ServerConfig, backend: Arc<dyn ComputeBackend>) -> Result<Server> {
+        let listener =
+            TcpListener::bind(&config.bind).map_err(|e| RpcError::io("Server::bind", e))?;
+        let cache = config
+            .cache_dir
+            .as_deref()
+            .map(HashCache::open)
+            .transpose()?;
+        let limiter = Limiter::new(config.max_connections);
+        let shared = Arc::new(Shared {
+            registry: Arc::new(BufferRegistry::new(config.memory_quota)),
+            backend,
+            device_locks: (0..config.devices).map(|_| Mutex::new(())).collect(),
+            cache,
+            stop: AtomicBool::new(false),
+            next_session: AtomicU64::new(1),
+            live: Mutex::new(HashMap::new()),
+            closed_with_error: AtomicU64::new(0),
+            config,
+        });
+        Ok(Server {
+            shared,
+            listener,
+            limiter,
+        })
+    }
+
+    /// The address actually bound.
+    pub fn local_addr(&self) -> Result<SocketAddr> {
+        self.listener
+            .local_addr()
+            .map_err(|e| RpcError::io("Server::local_addr", e))
+    }
+
+    /// The shared state (registry, counters).
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// Serves until shut down (blocks the calling thread).
+    pub fn run(self) -> Result<()> {
+        let stop = || self.shared.stop.load(Ordering::SeqCst);
+        loop {
+            let Some(slot) = self.limiter.acquire(&stop) else {
+                return Ok(());
+            };
+            let (stream, peer) = match self.listener.accept() {
+                Ok(x) => x,
+                Err(e) => {
+                    if stop() {
+                        return Ok(());
+                    }
+                    self.shared.log(&format!("accept failed: {e}"));
+                    continue;
+                }
+            };
+            if stop() {
+                return Ok(());
+            }
+            let _ = stream.set_nodelay(true);
+            let _ = stream.set_read_timeout(self.shared.config.idle_timeout);
+            let id = self.shared.next_session.fetch_add(1, Ordering::Relaxed);
+            if let Ok(clone) = stream.try_clone() {
+                self.shared
+                    .live
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(id, clone);
+            }
+            let shared = Arc::clone(&self.shared);
+            let spawned = std::thread::Builder::new()
+                .name(format!("rpc-session-{id}"))
+                .spawn(move || serve_connection(shared, id, stream, peer, slot));
+            if let Err(e) = spawned {
+                self.shared
+                    .log(&format!("cannot start a session thread: {e}"));
+                self.shared
+                    .live
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .remove(&id);
+            }
+        }
+    }
+
+    /// Serves on a background thread.
+    pub fn spawn(self) -> Result<ServerHandle> {
+        let addr = self.local_addr()?;
+        let shared = Arc::clone(&self.shared);
+        let thread = std::thread::Builder::new()
+            .name("rpc-accept".into())
+            .spawn(move || self.run())
+            .map_err(|e| RpcError::io("Server::spawn", e))?;
+        Ok(ServerHandle {
+            addr,
+            shared,
+            thread: Some(thread),
+        })
+    }
+}
+
+fn serve_connection(
+    shared: Arc<Shared>,
+    id: u64,
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    _slot: limiter::Slot,
+) {
+    let mut session = Session::new(id, Arc::clone(&shared));
+    if shared.config.verbose {
+        shared.log(&format!("session {id}: accepted {peer}"));
+    }
+    if let Err(e) = session.run(&mut stream) {
+        if !shared.stop.load(Ordering::SeqCst) {
+            shared.closed_with_error.fetch_add(1, Ordering::Relaxed);
+            shared.log(&format!(
+                "session {id}: closing connection from {peer}: {e}"
+            ));
+        }
+    }
+    session.close();
+    let _ = stream.shutdown(Shutdown::Both);
+    shared
+        .live
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .remove(&id);
+}
+
+/// A server running on a background thread; shuts down on drop.
+pub struct ServerHandle {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<Result<()>>>,
+}
+
+impl ServerHandle {
+    /// Address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `host:port` string of [`ServerHandle::addr`].
+    pub fn endpoint(&self) -> String {
+        self.addr.to_string()
+    }
+
+    /// The shared state (registry, counters).
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// Stops accepting, closes every live connection, joins the accept thread.
+    pub fn shutdown(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        for s in self
+            .shared
+            .live
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+        {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        // Wake a blocked accept().
+        let _ = TcpStream::connect(self.addr);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for ServerHandle {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}

@@ -1,0 +1,293 @@
+//! Server-side buffers behind opaque handles.
+//!
+//! Clients never see a host pointer: a handle is a 64-bit value from a keyed
+//! bijection of a counter (unique, not guessable across runs), and each
+//! buffer has a base in a virtual remote address space (4 KiB aligned, with
+//! a guard gap between buffers). Tensor data addresses are checked against
+//! that space, then turned into offsets into owned memory.
+//!
+//! Access policy: any session presenting a live handle may read and write
+//! the buffer (a capability: the direct path writes a destination buffer
+//! from the source server's connection); only the owning session may free
+//! it, and a session's buffers are freed when it disconnects.
+
+use std::collections::HashMap;
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+
+use crate::error::{Result, RpcError};
+use crate::validate::{BufferLookup, Region};
+
+const PAGE: u64 = 4096;
+const FIRST_BASE: u64 = 0x0000_1000_0000_0000;
+
+/// One server-side allocation.
+#[derive(Debug)]
+pub struct Buffer {
+    /// Opaque handle given to the client.
+    pub handle: u64,
+    /// Remote base address.
+    pub base: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// Device it was allocated for.
+    pub device: u32,
+    /// Session that owns it.
+    pub owner: u64,
+    data: RwLock<Vec<u8>>,
+}
+
+impl Buffer {
+    /// Its region in the remote address space.
+    pub fn region(&self) -> Region {
+        Region {
+            handle: self.handle,
+            base: self.base,
+            size: self.size,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Inner {
+    buffers: HashMap<u64, Arc<Buffer>>,
+    used: u64,
+    next_base: u64,
+    counter: u64,
+}
+
+/// All live buffers of a server, shared by its sessions.
+#[derive(Debug)]
+pub struct BufferRegistry {
+    inner: Mutex<Inner>,
+    quota: u64,
+    key: u64,
+}
+
+fn splitmix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+fn range(call: &'static str, buf: &Buffer, offset: u64, len: u64) -> Result<(usize, usize)> {
+    let end = offset
+        .checked_add(len)
+        .filter(|&e| e <= buf.size)
+        .ok_or_else(|| RpcError::refused(call, "range is outside the buffer"))?;
+    let s = usize::try_from(offset).map_err(|_| RpcError::refused(call, "offset too large"))?;
+    let e = usize::try_from(end).map_err(|_| RpcError::refused(call, "range too large"))?;
+    Ok((s, e))
+}
+
+impl BufferRegistry {
+    /// A registry that allocates at most `quota` bytes in total.
+    pub fn new(quota: u64) -> Self {
+        BufferRegistry {
+            inner: Mutex::new(Inner {
+                buffers: HashMap::new(),
+                used: 0,
+                next_base: FIRST_BASE,
+                counter: 0,
+            }),
+            quota,
+            key: RandomState::new().hash_one(0x7472_7063u64),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Total bytes this registry may allocate.
+    pub fn quota(&self) -> u64 {
+        self.quota
+    }
+
+    /// Bytes currently allocated.
+    pub fn used(&self) -> u64 {
+        self.lock().used
+    }
+
+    /// Number of live buffers.
+    pub fn len(&self) -> usize {
+        self.lock().buffers.len()
+    }
+
+    /// True when no buffer is live.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Allocates `size` zeroed bytes for `owner`; `None` when over quota or
+    /// out of memory (never aborts).
+    pub fn alloc(&self, owner: u64, device: u32, size: u64) -> Option<Arc<Buffer>> {
+        let len = usize::try_from(size).ok()?;
+        {
+            let inner = self.lock();
+            if inner.used.checked_add(size)? > self.quota {
+                return None;
+            }
+        }
+        let mut data = Vec::new();
+        data.try_reserve_exact(len).ok()?;
+        data.resize(len, 0);
+        let mut inner = self.lock();
+        let used = inner.used.checked_add(size).filter(|&u| u <= self.quota)?;
+        let span = size
+            .max(1)
+            .checked_next_multiple_of(PAGE)?
+            .checked_add(PAGE)?;
+        let base = inner.next_base;
+        let next = base.checked_add(span)?;
+        let handle = loop {
+            inner.counter = inner.counter.wrapping_add(1);
+            let h = splitmix64(inner.counter ^ self.key);
+            if h != 0 && !inner.buffers.contains_key(&h) {
+                break h;
+            }
+        };
+        let buf = Arc::new(Buffer {
+            handle,
+            base,
+            size,
+            device,
+            owner,
+            data: RwLock::new(data),
+        });
+        inner.next_base = next;
+        inner.used = used;
+        inner.buffers.insert(handle, Arc::clone(&buf));
+        Some(buf)
+    }
+
+    /// The live buffer with this handle.
+    pub fn get(&self, handle: u64) -> Option<Arc<Buffer>> {
+        self.lock().buffers.get(&handle).cloned()
+    }
+
+    /// Frees a buffer; only its owner may.
+    pub fn free(&self, owner: u64, handle: u64) -> Result<()> {
+        let mut inner = self.lock();
+        match inner.buffers.get(&handle) {
+            None => Err(RpcError::refused(
+                "FREE_BUFFER",
+                format!("unknown handle {handle:#x}"),
+            )),
+            Some(b) if b.owner != owner => Err(RpcError::refused(
+                "FREE_BUFFER",
+                "buffer belongs to another session",
+            )),
+            Some(b) => {
+                let size = b.size;
+                inner.buffers.remove(&handle);
+                inner.used = inner.used.saturating_sub(size);
+                Ok(())
+            }
+        }
+    }
+
+    /// Frees every buffer of `owner`; returns how many.
+    pub fn free_all(&self, owner: u64) -> usize {
+        let mut inner = self.lock();
+        let before = inner.buffers.len();
+        let mut freed = 0u64;
+        inner.buffers.retain(|_, b| {
+            let keep = b.owner != owner;
+            if !keep {
+                freed = freed.saturating_add(b.size);
+            }
+            keep
+        });
+        inner.used = inner.used.saturating_sub(freed);
+        before - inner.buffers.len()
+    }
+
+    fn buffer(&self, call: &'static str, handle: u64) -> Result<Arc<Buffer>> {
+        self.get(handle)
+            .ok_or_else(|| RpcError::refused(call, format!("unknown handle {handle:#x}")))
+    }
+
+    /// Writes `data` at `offset` of a buffer.
+    pub fn write(&self, call: &'static str, handle: u64, offset: u64, data: &[u8]) -> Result<()> {
+        let buf = self.buffer(call, handle)?;
+        let (s, e) = range(call, &buf, offset, data.len() as u64)?;
+        let mut mem = buf.data.write().unwrap_or_else(PoisonError::into_inner);
+        let dst = mem
+            .get_mut(s..e)
+            .ok_or_else(|| RpcError::refused(call, "range is outside the buffer"))?;
+        dst.copy_from_slice(data);
+        Ok(())
+    }
+
+    /// Reads `len` bytes at `offset` of a buffer.
+    pub fn read_range(
+        &self,
+        call: &'static str,
+        handle: u64,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<u8>> {
+        let buf = self.buffer(call, handle)?;
+        let (s, e) = range(call, &buf, offset, len)?;
+        let mem = buf.data.read().unwrap_or_else(PoisonError::into_inner);
+        mem.get(s..e)
+            .map(<[u8]>::to_vec)
+            .ok_or_else(|| RpcError::refused(call, "range is outside the buffer"))
+    }
+
+    /// Fills `len` bytes at `offset` of a buffer with `value`.
+    pub fn fill(
+        &self,
+        call: &'static str,
+        handle: u64,
+        offset: u64,
+        len: u64,
+        value: u8,
+    ) -> Result<()> {
+        let buf = self.buffer(call, handle)?;
+        let (s, e) = range(call, &buf, offset, len)?;
+        let mut mem = buf.data.write().unwrap_or_else(PoisonError::into_inner);
+        mem.get_mut(s..e)
+            .ok_or_else(|| RpcError::refused(call, "range is outside the buffer"))?
+            .fill(value);
+        Ok(())
+    }
+}
+
+impl BufferLookup for BufferRegistry {
+    fn region(&self, handle: u64) -> Option<Region> {
+        self.get(handle).map(|b| b.region())
+    }
+
+    fn read(&self, handle: u64, offset: u64, len: u64) -> Option<Vec<u8>> {
+        self.read_range("read", handle, offset, len).ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alloc_quota_owner_and_bounds() {
+        let r = BufferRegistry::new(10_000);
+        let a = r.alloc(1, 0, 4000).unwrap();
+        let b = r.alloc(2, 0, 4000).unwrap();
+        assert!(r.alloc(1, 0, 4000).is_none(), "quota");
+        assert_ne!(a.handle, b.handle);
+        assert!(b.base >= a.base + 4096 + 4096, "guard gap");
+        assert!(r.free(2, a.handle).is_err(), "not the owner");
+        r.write("t", a.handle, 3990, &[1; 10]).unwrap();
+        assert!(r.write("t", a.handle, 3991, &[1; 10]).is_err());
+        assert!(r.write("t", a.handle, u64::MAX, &[1]).is_err());
+        assert_eq!(r.read_range("t", a.handle, 3995, 5).unwrap(), vec![1; 5]);
+        assert_eq!(r.free_all(1), 1);
+        assert_eq!(r.used(), 4000);
+        r.free(2, b.handle).unwrap();
+        assert!(r.is_empty());
+        assert!(r.alloc(1, 0, u64::MAX).is_none());
+    }
+}

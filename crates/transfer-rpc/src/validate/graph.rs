@@ -1,0 +1,356 @@
+//! GRAPH_COMPUTE checks: every id resolvable, no cycles, ops in range, custom
+//! ops refused, source arity, GET_ROWS / SET_ROWS shapes and (when the index
+//! data already sits in memory) index ranges.
+
+use std::collections::{HashMap, HashSet};
+
+use super::ops::{
+    GGML_GLU_OP_COUNT, GGML_OP_COUNT, GGML_OP_GET_ROWS, GGML_OP_GLU, GGML_OP_NONE,
+    GGML_OP_SET_ROWS, GGML_OP_UNARY, GGML_UNARY_OP_COUNT, is_custom,
+};
+use super::tensor::{BufferLookup, CheckedTensor, check_tensor, check_view};
+use super::types::{GGML_TYPE_F16, GGML_TYPE_F32, GGML_TYPE_I32, GGML_TYPE_I64};
+use crate::error::{Result, RpcError};
+use crate::protocol::graph::GraphPayload;
+use crate::protocol::tensor::{MAX_SRC, RpcTensor};
+
+const CALL: &str = "GRAPH_COMPUTE";
+
+/// Size limits of one graph.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GraphLimits {
+    /// Most nodes accepted.
+    pub max_nodes: usize,
+    /// Most tensors accepted.
+    pub max_tensors: usize,
+    /// Most index elements read to check GET_ROWS / SET_ROWS ranges.
+    pub max_index_elements: u64,
+}
+
+impl Default for GraphLimits {
+    fn default() -> Self {
+        GraphLimits {
+            max_nodes: 1 << 18,
+            max_tensors: 1 << 19,
+            max_index_elements: 1 << 24,
+        }
+    }
+}
+
+/// A graph that passed every check, with ids resolved to indices.
+#[derive(Debug, Clone)]
+pub struct ValidatedGraph {
+    /// Device index (below the server's device count).
+    pub device: u32,
+    /// The tensor records.
+    pub tensors: Vec<RpcTensor>,
+    /// Their checked layouts (same order).
+    pub checked: Vec<CheckedTensor>,
+    /// Nodes as indices into `tensors`, in execution order.
+    pub nodes: Vec<usize>,
+    /// Sources of each tensor as indices.
+    pub srcs: Vec<[Option<usize>; MAX_SRC]>,
+    /// View source of each tensor as an index.
+    pub view_src: Vec<Option<usize>>,
+    /// GET_ROWS / SET_ROWS nodes whose index tensor is computed inside the
+    /// graph: a compute backend must range-check those indices at run time.
+    pub deferred_index_checks: Vec<usize>,
+}
+
+fn refuse<T>(reason: impl Into<String>) -> Result<T> {
+    Err(RpcError::refused(CALL, reason))
+}
+
+/// Minimum number of leading sources an op needs.
+fn min_sources(op: u32) -> usize {
+    match op {
+        // NONE and ARANGE have no sources.
+        0 | 67 => 0,
+        // ADD, ADD1, SUB, MUL, DIV, CONCAT, MUL_MAT, OUT_PROD, CPY,
+        // GET_ROWS, ROPE.
+        2 | 4 | 6 | 7 | 8 | 22 | 29 | 31 | 34 | 40 | 48 => 2,
+        // ADD_ID, MUL_MAT_ID, SET_ROWS, FLASH_ATTN_EXT.
+        3 | 30 | 42 | 74 => 3,
+        _ => 1,
+    }
+}
+
+/// Validates a parsed graph against the buffers of this server.
+pub fn validate_graph(
+    g: GraphPayload,
+    device_count: u32,
+    lookup: &dyn BufferLookup,
+    limits: &GraphLimits,
+) -> Result<ValidatedGraph> {
+    if g.device >= device_count {
+        return refuse(format!("device {} of {device_count}", g.device));
+    }
+    if g.nodes.len() > limits.max_nodes || g.tensors.len() > limits.max_tensors {
+        return refuse(format!(
+            "{} nodes / {} tensors exceed the limits {} / {}",
+            g.nodes.len(),
+            g.tensors.len(),
+            limits.max_nodes,
+            limits.max_tensors
+        ));
+    }
+    let mut index = HashMap::with_capacity(g.tensors.len());
+    for (i, t) in g.tensors.iter().enumerate() {
+        if t.id == 0 {
+            return refuse("tensor id 0");
+        }
+        if index.insert(t.id, i).is_some() {
+            return refuse(format!("duplicate tensor id {:#x}", t.id));
+        }
+    }
+    let resolve = |id: u64| -> Result<Option<usize>> {
+        if id == 0 {
+            return Ok(None);
+        }
+        match index.get(&id) {
+            Some(&i) => Ok(Some(i)),
+            None => refuse(format!("unresolvable tensor id {id:#x}")),
+        }
+    };
+
+    let mut checked = Vec::with_capacity(g.tensors.len());
+    let mut srcs = Vec::with_capacity(g.tensors.len());
+    let mut view_src = Vec::with_capacity(g.tensors.len());
+    for t in &g.tensors {
+        let c = check_tensor(CALL, t, lookup)?;
+        if c.placement.is_none() {
+            return refuse(format!("tensor {:?} has no buffer", t.name_str()));
+        }
+        check_op(t)?;
+        let mut s = [None; MAX_SRC];
+        for (slot, &id) in s.iter_mut().zip(t.src.iter()) {
+            *slot = resolve(id)?;
+        }
+        let need = min_sources(t.op);
+        if s[..need].iter().any(Option::is_none) {
+            return refuse(format!("op {} needs {need} sources", t.op));
+        }
+        checked.push(c);
+        srcs.push(s);
+        view_src.push(resolve(t.view_src)?);
+    }
+    for (i, v) in view_src.iter().enumerate() {
+        if let Some(v) = *v {
+            check_view(CALL, &g.tensors[i], &checked[i], &g.tensors[v], &checked[v])?;
+        }
+    }
+
+    let mut nodes = Vec::with_capacity(g.nodes.len());
+    let mut node_set = HashSet::with_capacity(g.nodes.len());
+    for &id in &g.nodes {
+        let Some(i) = resolve(id)? else {
+            return refuse("node id 0");
+        };
+        if !node_set.insert(i) {
+            return refuse(format!("node {id:#x} listed twice"));
+        }
+        nodes.push(i);
+    }
+
+    check_acyclic(&srcs, &view_src)?;
+
+    let mut deferred = Vec::new();
+    for &n in &nodes {
+        let t = &g.tensors[n];
+        let ix = match t.op {
+            GGML_OP_GET_ROWS => check_get_rows(&g.tensors, n, &srcs[n])?,
+            GGML_OP_SET_ROWS => check_set_rows(&g.tensors, n, &srcs[n])?,
+            _ => continue,
+        };
+        let it = &g.tensors[ix];
+        let in_memory = it.op == GGML_OP_NONE && it.view_src == 0 && !node_set.contains(&ix);
+        if !in_memory {
+            deferred.push(n);
+            continue;
+        }
+        let bound = match t.op {
+            GGML_OP_GET_ROWS => g.tensors[srcs[n][0].unwrap_or(n)].ne[1],
+            _ => t.ne[1],
+        };
+        check_indices(it, &checked[ix], lookup, limits, i64::from(bound))?;
+    }
+
+    Ok(ValidatedGraph {
+        device: g.device,
+        tensors: g.tensors,
+        checked,
+        nodes,
+        srcs,
+        view_src,
+        deferred_index_checks: deferred,
+    })
+}
+
+fn check_op(t: &RpcTensor) -> Result<()> {
+    if t.op >= GGML_OP_COUNT {
+        return refuse(format!("op {} out of range", t.op));
+    }
+    if is_custom(t.op) {
+        return refuse(format!(
+            "custom op {} (op_params would hold a function pointer)",
+            t.op
+        ));
+    }
+    let p0 = t.op_params[0];
+    if t.op == GGML_OP_UNARY && !(0..GGML_UNARY_OP_COUNT).contains(&p0) {
+        return refuse(format!("unary op {p0} out of range"));
+    }
+    if t.op == GGML_OP_GLU && !(0..GGML_GLU_OP_COUNT).contains(&p0) {
+        return refuse(format!("glu op {p0} out of range"));
+    }
+    Ok(())
+}
+
+/// Iterative three-colour DFS over source and view-source edges.
+fn check_acyclic(srcs: &[[Option<usize>; MAX_SRC]], view_src: &[Option<usize>]) -> Result<()> {
+    let n = srcs.len();
+    let mut colour = vec![0u8; n];
+    let edge = |v: usize, k: usize| -> Option<Option<usize>> {
+        if k < MAX_SRC {
+            Some(srcs[v][k])
+        } else if k == MAX_SRC {
+            Some(view_src[v])
+        } else {
+            None
+        }
+    };
+    for root in 0..n {
+        if colour[root] != 0 {
+            continue;
+        }
+        let mut stack = vec![(root, 0usize)];
+        colour[root] = 1;
+        while let Some(&mut (v, ref mut k)) = stack.last_mut() {
+            match edge(v, *k) {
+                None => {
+                    colour[v] = 2;
+                    stack.pop();
+                }
+                Some(next) => {
+                    *k += 1;
+                    if let Some(w) = next {
+                        match colour[w] {
+                            0 => {
+                                colour[w] = 1;
+                                stack.push((w, 0));
+                            }
+                            1 => return refuse("the graph has a cycle"),
+                            _ => {}
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn get(ts: &[RpcTensor], s: Option<usize>) -> Result<&RpcTensor> {
+    match s {
+        Some(i) => Ok(&ts[i]),
+        None => refuse("missing source"),
+    }
+}
+
+/// GET_ROWS(a, b): b is I32 indices, result is `[a0, b0, b1, b2]`.
+fn check_get_rows(ts: &[RpcTensor], n: usize, s: &[Option<usize>; MAX_SRC]) -> Result<usize> {
+    let (a, b, r) = (get(ts, s[0])?, get(ts, s[1])?, &ts[n]);
+    if b.ty != GGML_TYPE_I32 {
+        return refuse("GET_ROWS indices must be I32");
+    }
+    if a.ne[2] != b.ne[1] || a.ne[3] != b.ne[2] || b.ne[3] != 1 {
+        return refuse("GET_ROWS source and index shapes disagree");
+    }
+    if r.ne != [a.ne[0], b.ne[0], b.ne[1], b.ne[2]] {
+        return refuse("GET_ROWS result shape disagrees with its sources");
+    }
+    s[1].ok_or_else(|| RpcError::refused(CALL, "missing source"))
+}
+
+/// SET_ROWS: src0 rows (F32/F16), src1 indices (I32/I64), result a view of
+/// the destination with `ne[1]` rows.
+fn check_set_rows(ts: &[RpcTensor], n: usize, s: &[Option<usize>; MAX_SRC]) -> Result<usize> {
+    let (b, c, r) = (get(ts, s[0])?, get(ts, s[1])?, &ts[n]);
+    if c.ty != GGML_TYPE_I32 && c.ty != GGML_TYPE_I64 {
+        return refuse("SET_ROWS indices must be I32 or I64");
+    }
+    if b.ty != GGML_TYPE_F32 && b.ty != GGML_TYPE_F16 {
+        return refuse("SET_ROWS rows must be F32 or F16");
+    }
+    let shapes_ok = r.ne[0] == b.ne[0]
+        && r.ne[2] == b.ne[2]
+        && r.ne[3] == b.ne[3]
+        && b.ne[1] == c.ne[0]
+        && c.ne[1] != 0
+        && b.ne[2] % c.ne[1] == 0
+        && c.ne[2] != 0
+        && b.ne[3] % c.ne[2] == 0
+        && c.ne[3] == 1;
+    if !shapes_ok {
+        return refuse("SET_ROWS shapes disagree");
+    }
+    if let Some(a) = s[2].map(|i| &ts[i]) {
+        if a.ne != r.ne {
+            return refuse("SET_ROWS result shape differs from its destination");
+        }
+    }
+    s[1].ok_or_else(|| RpcError::refused(CALL, "missing source"))
+}
+
+/// Reads an index tensor from memory and checks `0 <= index < bound`.
+fn check_indices(
+    t: &RpcTensor,
+    c: &CheckedTensor,
+    lookup: &dyn BufferLookup,
+    limits: &GraphLimits,
+    bound: i64,
+) -> Result<()> {
+    let elements: u64 = t.ne.iter().map(|&n| u64::from(n)).product();
+    if elements > limits.max_index_elements {
+        return refuse(format!("{elements} indices exceed the check limit"));
+    }
+    if elements == 0 {
+        return Ok(());
+    }
+    let Some((region, start)) = c.placement else {
+        return refuse("index tensor has no buffer");
+    };
+    let Some(bytes) = lookup.read(region.handle, start, c.nbytes) else {
+        return refuse("index tensor could not be read");
+    };
+    let width = c.info.type_size as usize;
+    for i3 in 0..u64::from(t.ne[3]) {
+        for i2 in 0..u64::from(t.ne[2]) {
+            for i1 in 0..u64::from(t.ne[1]) {
+                for i0 in 0..u64::from(t.ne[0]) {
+                    let off = i0 * u64::from(t.nb[0])
+                        + i1 * u64::from(t.nb[1])
+                        + i2 * u64::from(t.nb[2])
+                        + i3 * u64::from(t.nb[3]);
+                    let off = off as usize;
+                    let Some(raw) = bytes.get(off..off + width) else {
+                        return refuse("index read out of range");
+                    };
+                    let v = if width == 4 {
+                        let mut b = [0u8; 4];
+                        b.copy_from_slice(raw);
+                        i64::from(i32::from_le_bytes(b))
+                    } else {
+                        let mut b = [0u8; 8];
+                        b.copy_from_slice(raw);
+                        i64::from_le_bytes(b)
+                    };
+                    if v < 0 || v >= bound {
+                        return refuse(format!("row index {v} outside 0..{bound}"));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,12 @@
+//! Validation of everything a client sends before it reaches memory or
+//! compute. Every refusal is an [`RpcError::Refused`](crate::RpcError)
+//! naming the check.
+
+pub mod graph;
+pub mod ops;
+pub mod tensor;
+pub mod types;
+
+pub use graph::{GraphLimits, ValidatedGraph, validate_graph};
+pub use tensor::{BufferLookup, CheckedTensor, Region, check_shape, check_tensor, nbytes};
+pub use types::{TypeInfo, type_info};

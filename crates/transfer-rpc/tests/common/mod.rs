@@ -1,0 +1,64 @@
+//! Shared helpers for the integration tests.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use transfer_rpc::client::{Client, ClientConfig};
+use transfer_rpc::protocol::RpcTensor;
+use transfer_rpc::server::{RefusingBackend, Server, ServerConfig, ServerHandle};
+
+/// Starts a server on an ephemeral 127.0.0.1 port.
+pub fn start(mut config: ServerConfig) -> ServerHandle {
+    config.bind = "127.0.0.1:0".into();
+    Server::bind(config, Arc::new(RefusingBackend))
+        .unwrap()
+        .spawn()
+        .unwrap()
+}
+
+/// A server with a 64 MiB quota.
+pub fn start_default() -> ServerHandle {
+    start(ServerConfig {
+        memory_quota: 64 << 20,
+        max_buffer_size: 64 << 20,
+        ..ServerConfig::default()
+    })
+}
+
+pub fn connect(h: &ServerHandle) -> Client {
+    Client::connect(&h.endpoint(), ClientConfig::default()).unwrap()
+}
+
+pub fn connect_with(h: &ServerHandle, cfg: ClientConfig) -> Client {
+    Client::connect(&h.endpoint(), cfg).unwrap()
+}
+
+/// A 1-D F32 tensor of `n` elements at `offset` in buffer `(handle, base)`.
+pub fn f32_tensor(id: u64, handle: u64, base: u64, offset: u64, n: u32) -> RpcTensor {
+    RpcTensor {
+        id,
+        ty: 0,
+        buffer: handle,
+        ne: [n, 1, 1, 1],
+        nb: [4, 4 * n, 4 * n, 4 * n],
+        data: base + offset,
+        ..RpcTensor::default()
+    }
+}
+
+/// Allocates a buffer and returns `(handle, base)`.
+pub fn alloc(c: &mut Client, size: u64) -> (u64, u64) {
+    let (h, s) = c.alloc_buffer(0, size).unwrap().unwrap();
+    assert_eq!(s, size);
+    let base = c.buffer_get_base(h).unwrap();
+    (h, base)
+}
+
+pub fn f32_bytes(vals: &[f32]) -> Vec<u8> {
+    vals.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// True when the server has closed this client's connection.
+pub fn is_closed(c: &mut Client) -> bool {
+    c.device_count().is_err()
+}
