@@ -1,4 +1,5 @@
 //! Every command end to end against an in-process server.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
 

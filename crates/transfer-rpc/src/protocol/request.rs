@@ -257,7 +257,9 @@ impl<'a> Request<'a> {
                     dst: tensor(&mut r)?,
                 }
             }
-            Command::GraphCompute => Request::GraphCompute(Box::new(GraphPayload::decode(p)?)),
+            Command::GraphCompute => {
+                return Ok(Request::GraphCompute(Box::new(GraphPayload::decode(p)?)));
+            }
             Command::GetDeviceMemory => Request::GetDeviceMemory {
                 device: device_only(call, &mut r)?,
             },

@@ -1,0 +1,267 @@
+//! Server-to-server direct copies among in-process servers, with fallbacks.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::*;
+use transfer_rpc::client::{Client, ClientConfig, CopyPath, copy_between};
+use transfer_rpc::protocol::{Command, RpcTensor};
+use transfer_rpc::server::{ServerConfig, ServerHandle};
+
+fn small() -> ServerConfig {
+    ServerConfig {
+        memory_quota: 16 << 20,
+        max_buffer_size: 16 << 20,
+        ..ServerConfig::default()
+    }
+}
+
+fn stats_cfg() -> ClientConfig {
+    ClientConfig {
+        stats: true,
+        ..ClientConfig::default()
+    }
+}
+
+/// A client with a 1 MiB buffer and a tensor of `n` f32 in it.
+fn setup(h: &ServerHandle, n: u32) -> (Client, RpcTensor) {
+    let mut c = connect_with(h, stats_cfg());
+    let (b, base) = alloc(&mut c, 1 << 20);
+    let t = f32_tensor(1, b, base, 256, n);
+    (c, t)
+}
+
+fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n * 4)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+fn wait_sessions(h: &ServerHandle, n: usize) {
+    while h.shared().live_sessions() > n {
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn three_servers_direct_chain() {
+    let (sa, sb, sc) = (start(small()), start(small()), start(small()));
+    let n = 1000;
+    let (mut a, ta) = setup(&sa, n);
+    let (mut b, tb) = setup(&sb, n);
+    let (mut c, tc) = setup(&sc, n);
+    let data = pattern(n as usize, 3);
+    a.set_tensor(&ta, 0, &data).unwrap();
+    a.take_stats();
+
+    assert_eq!(
+        copy_between(&mut a, &ta, &mut b, &tb).unwrap(),
+        CopyPath::Direct
+    );
+    assert_eq!(b.get_tensor(&tb, 0, 4000).unwrap(), data);
+    assert_eq!(
+        copy_between(&mut b, &tb, &mut c, &tc).unwrap(),
+        CopyPath::Direct
+    );
+    assert_eq!(c.get_tensor(&tc, 0, 4000).unwrap(), data);
+
+    // The coordinator only sent the small COPY_TENSOR_TO request.
+    let st = a.take_stats().unwrap();
+    assert_eq!(st.get(Command::CopyTensorTo).count, 1);
+    assert_eq!(st.get(Command::GetTensor).count, 0);
+    assert!(st.total().request_bytes < 1000);
+
+    // A second copy reuses the cached peer connection; new data lands.
+    let data2 = pattern(n as usize, 77);
+    a.set_tensor(&ta, 0, &data2).unwrap();
+    assert_eq!(
+        copy_between(&mut a, &ta, &mut b, &tb).unwrap(),
+        CopyPath::Direct
+    );
+    assert_eq!(b.get_tensor(&tb, 0, 4000).unwrap(), data2);
+    // Probe connections close asynchronously; wait for them, then count.
+    wait_sessions(&sb, 2);
+    assert_eq!(
+        sb.shared().live_sessions(),
+        2,
+        "client + one cached peer connection"
+    );
+
+    // Peer connections close with the session that asked.
+    drop(a);
+    wait_sessions(&sb, 1);
+    assert_eq!(sb.shared().live_sessions(), 1);
+    assert_eq!(b.get_tensor(&tb, 0, 4000).unwrap(), data2);
+}
+
+#[test]
+fn hub_when_p2p_disabled_gives_same_data() {
+    let (sa, sb) = (start(small()), start(small()));
+    let n = 300;
+    let mut a = connect_with(
+        &sa,
+        ClientConfig {
+            p2p: false,
+            stats: true,
+            ..ClientConfig::default()
+        },
+    );
+    let (ab, abase) = alloc(&mut a, 1 << 20);
+    let ta = f32_tensor(1, ab, abase, 0, n);
+    let (mut b, tb) = setup(&sb, n);
+    let data = pattern(n as usize, 9);
+    a.set_tensor(&ta, 0, &data).unwrap();
+    a.take_stats();
+    b.take_stats();
+    assert_eq!(
+        copy_between(&mut a, &ta, &mut b, &tb).unwrap(),
+        CopyPath::Hub
+    );
+    assert_eq!(b.get_tensor(&tb, 0, 1200).unwrap(), data);
+    let sa_stats = a.take_stats().unwrap();
+    let sb_stats = b.take_stats().unwrap();
+    assert_eq!(sa_stats.get(Command::GetTensor).count, 1);
+    assert_eq!(sa_stats.get(Command::GetTensor).response_bytes, 8 + 1200);
+    assert_eq!(sb_stats.get(Command::SetTensor).count, 1);
+    assert_eq!(
+        sb_stats.get(Command::SetTensor).request_bytes,
+        9 + 296 + 1 + 8 + 1200
+    );
+}
+
+#[test]
+fn destination_down_answers_zero_and_falls_back() {
+    let (sa, sb) = (start(small()), start(small()));
+    let dead = {
+        let d = start(small());
+        d.endpoint()
+    }; // dropped: nothing listens there any more
+    let (mut a, ta) = setup(&sa, 64);
+    let (mut b, tb) = setup(&sb, 64);
+    let data = pattern(64, 1);
+    a.set_tensor(&ta, 0, &data).unwrap();
+    // Raw answer: 0, and the connection stays usable.
+    assert!(!a.copy_tensor_to(&ta, &tb, 256, &dead).unwrap());
+    assert_eq!(a.device_count().unwrap(), 1);
+    // The client reaches b, the source does not (advertised address is dead).
+    b.set_endpoint(&dead);
+    assert_eq!(
+        copy_between(&mut a, &ta, &mut b, &tb).unwrap(),
+        CopyPath::Hub
+    );
+    assert_eq!(b.get_tensor(&tb, 0, 256).unwrap(), data);
+}
+
+#[test]
+fn upstream_like_destination_answers_zero_and_falls_back() {
+    let sa = start(small());
+    let sb = start(ServerConfig {
+        extensions: false,
+        ..small()
+    });
+    let (mut a, ta) = setup(&sa, 64);
+    let (mut b, tb) = setup(&sb, 64);
+    assert!(
+        b.probe_extensions().is_none(),
+        "no extension on an upstream-like server"
+    );
+    assert_eq!(
+        b.device_count().unwrap(),
+        1,
+        "probe used its own connection"
+    );
+    let data = pattern(64, 2);
+    a.set_tensor(&ta, 0, &data).unwrap();
+    assert_eq!(
+        copy_between(&mut a, &ta, &mut b, &tb).unwrap(),
+        CopyPath::Hub
+    );
+    assert_eq!(b.get_tensor(&tb, 0, 256).unwrap(), data);
+    // The other direction: the source is upstream-like, so the client never
+    // sends it COPY_TENSOR_TO.
+    let data2 = pattern(64, 5);
+    b.set_tensor(&tb, 0, &data2).unwrap();
+    assert_eq!(
+        copy_between(&mut b, &tb, &mut a, &ta).unwrap(),
+        CopyPath::Hub
+    );
+    assert_eq!(a.get_tensor(&ta, 0, 256).unwrap(), data2);
+    assert_eq!(b.stats().unwrap().get(Command::CopyTensorTo).count, 0);
+}
+
+#[test]
+fn destination_rejecting_the_write_answers_zero() {
+    let (sa, sb) = (start(small()), start(small()));
+    let (mut a, ta) = setup(&sa, 64);
+    let (mut b, tb) = setup(&sb, 64);
+    let data = pattern(64, 4);
+    a.set_tensor(&ta, 0, &data).unwrap();
+    // A destination tensor the destination refuses (unknown handle there).
+    let mut bad = tb.clone();
+    bad.buffer ^= 0x55;
+    assert!(!a.copy_tensor_to(&ta, &bad, 256, b.endpoint()).unwrap());
+    // Source connection and both servers fine; a good copy works again
+    // (the dropped peer connection is re-opened).
+    assert_eq!(
+        copy_between(&mut a, &ta, &mut b, &tb).unwrap(),
+        CopyPath::Direct
+    );
+    assert_eq!(b.get_tensor(&tb, 0, 256).unwrap(), data);
+    assert!(sb.shared().refused_connections() >= 1);
+}
+
+#[test]
+fn source_allow_list_refuses_other_destinations() {
+    let sb = start(small());
+    let sa = start(ServerConfig {
+        peer_allow: vec!["127.0.0.1:1".into()],
+        ..small()
+    });
+    let (mut a, ta) = setup(&sa, 16);
+    let (mut b, tb) = setup(&sb, 16);
+    let data = pattern(16, 6);
+    a.set_tensor(&ta, 0, &data).unwrap();
+    assert_eq!(
+        copy_between(&mut a, &ta, &mut b, &tb).unwrap(),
+        CopyPath::Hub
+    );
+    assert_eq!(b.get_tensor(&tb, 0, 64).unwrap(), data);
+}
+
+#[test]
+fn malformed_copy_to_closes_only_that_connection() {
+    let (sa, sb) = (start(small()), start(small()));
+    let (mut a, ta) = setup(&sa, 16);
+    let (mut a2, ta2) = setup(&sa, 16);
+    let (b, tb) = setup(&sb, 16);
+    a2.set_tensor(&ta2, 0, &pattern(16, 8)).unwrap();
+    // Source range larger than the source tensor: validated like GET_TENSOR.
+    assert!(a.copy_tensor_to(&ta, &tb, 1 << 30, b.endpoint()).is_err());
+    assert!(is_closed(&mut a));
+    assert_eq!(a2.get_tensor(&ta2, 0, 64).unwrap(), pattern(16, 8));
+    // Upstream clients never see the extension: extension commands on a
+    // server with it disabled close the connection like any unknown byte.
+    let su = start(ServerConfig {
+        extensions: false,
+        ..small()
+    });
+    let mut u = connect(&su);
+    assert!(u.peer_barrier().is_err());
+    assert_eq!(connect(&su).device_count().unwrap(), 1);
+}
+
+#[test]
+fn self_copy_through_own_endpoint() {
+    let sa = start(small());
+    let (mut a, ta) = setup(&sa, 32);
+    let (mut a2, _) = setup(&sa, 32);
+    let mut t2 = ta.clone();
+    t2.data += 4096;
+    let data = pattern(32, 12);
+    a.set_tensor(&ta, 0, &data).unwrap();
+    assert_eq!(
+        copy_between(&mut a, &ta, &mut a2, &t2).unwrap(),
+        CopyPath::Direct
+    );
+    assert_eq!(a.get_tensor(&t2, 0, 128).unwrap(), data);
+}
