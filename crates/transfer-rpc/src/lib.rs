@@ -11,6 +11,7 @@
 pub mod client;
 pub mod error;
 pub mod hash;
+pub mod io;
 pub mod protocol;
 pub mod server;
 pub mod validate;

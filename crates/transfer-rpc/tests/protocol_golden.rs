@@ -276,3 +276,20 @@ fn copy_tensor_to_endpoint_checks() {
     let f = encode_request(Command::CopyTensorTo, &cat(&[&base, &le32(3), b"a:1"]));
     assert!(split_request(&f, &Limits::default()).unwrap().is_some());
 }
+
+#[test]
+fn expected_response_sizes_match_encodings() {
+    use transfer_rpc::protocol::response::expected_size;
+    assert_eq!(expected_size(Command::Hello, 0), Some(28));
+    assert_eq!(expected_size(Command::ExtQuery, 0), Some(16));
+    assert_eq!(expected_size(Command::GetTensor, 77), Some(77));
+    assert_eq!(expected_size(Command::SetTensor, 0), None);
+    for c in Command::ALL {
+        assert_eq!(
+            expected_size(c, 0).is_some(),
+            c.has_response(),
+            "{}",
+            c.name()
+        );
+    }
+}

@@ -8,6 +8,7 @@ use super::stats::Stats;
 use crate::error::{Result, RpcError};
 use crate::protocol::frame::{REQUEST_HEADER_SIZE, decode_response_header};
 use crate::protocol::hello::{FEATURE_COPY_TENSOR_TO, HelloRequest};
+use crate::protocol::response::expected_size;
 use crate::protocol::tensor::MAX_SRC;
 use crate::protocol::{
     Command, ExtInfo, GraphPayload, HelloResponse, Request, Response, RpcTensor,
@@ -162,17 +163,13 @@ impl Client {
             .read_exact(&mut head)
             .map_err(|e| RpcError::io(cmd.name(), e))?;
         let size = decode_response_header(&head, &self.config.limits)?;
-        let mut payload = Vec::new();
-        (&mut self.stream)
-            .take(size as u64)
-            .read_to_end(&mut payload)
-            .map_err(|e| RpcError::io(cmd.name(), e))?;
-        if payload.len() != size {
+        if expected_size(cmd, expected_data) != Some(size) {
             return Err(RpcError::malformed(
                 cmd.name(),
-                "connection closed mid-response",
+                format!("server declared a {size}-byte response"),
             ));
         }
+        let payload = crate::io::read_payload(&mut self.stream, size, cmd.name())?;
         if let Some(s) = self.stats.as_mut() {
             s.add_response(cmd, 8 + size as u64);
         }

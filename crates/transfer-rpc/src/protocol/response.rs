@@ -36,6 +36,33 @@ pub enum Response {
     Data(Vec<u8>),
 }
 
+/// The exact payload size of the response to `cmd` (`expected_data` for
+/// GET_TENSOR); `None` for commands without a response. A client checks a
+/// declared size against it before reading anything.
+pub fn expected_size(cmd: Command, expected_data: usize) -> Option<usize> {
+    match cmd {
+        Command::AllocBuffer | Command::GetDeviceMemory | Command::ExtQuery => Some(16),
+        Command::GetAlignment
+        | Command::GetMaxSize
+        | Command::BufferGetBase
+        | Command::GetAllocSize => Some(8),
+        Command::SetTensorHash
+        | Command::CopyTensor
+        | Command::CopyTensorTo
+        | Command::PeerBarrier => Some(1),
+        Command::DeviceCount => Some(4),
+        Command::Hello => Some(super::hello::HELLO_RESPONSE_SIZE),
+        Command::GetTensor => Some(expected_data),
+        Command::FreeBuffer
+        | Command::BufferClear
+        | Command::SetTensor
+        | Command::GraphCompute
+        | Command::InitTensor
+        | Command::GraphRecompute
+        | Command::MemsetTensor => None,
+    }
+}
+
 impl Response {
     /// Encodes the payload (without the size header).
     pub fn encode_payload(&self) -> Vec<u8> {

@@ -66,19 +66,8 @@ impl Session {
             .config
             .limits
             .check(cmd.name(), u64::from_le_bytes(size))?;
-        // Grow with the bytes that actually arrive: a large declared size
-        // allocates nothing up front.
-        let mut payload = Vec::new();
-        stream
-            .take(size as u64)
-            .read_to_end(&mut payload)
-            .map_err(|e| RpcError::io("read payload", e))?;
-        if payload.len() != size {
-            return Err(RpcError::malformed(
-                cmd.name(),
-                "connection closed mid-payload",
-            ));
-        }
+        // Memory follows the bytes that actually arrive (fallibly).
+        let payload = crate::io::read_payload(stream, size, cmd.name())?;
         Ok(Next::Frame(cmd, payload))
     }
 
