@@ -59,20 +59,32 @@ pub fn ensure(pkgs: &[Package]) -> Result<(), String> {
     for p in &missing {
         eprintln!("xtask: missing {} ({})", p.name, p.why);
     }
-    let install = format!("apt-get install -y --no-install-recommends {}", names.join(" "));
+    let install = format!(
+        "apt-get install -y --no-install-recommends {}",
+        names.join(" ")
+    );
     if !is_root() {
-        return Err(format!("system packages missing; install them with:\n    sudo apt-get update && sudo {install}"));
+        return Err(format!(
+            "system packages missing; install them with:\n    sudo apt-get update && sudo {install}"
+        ));
     }
     if Path::new("/usr/bin/apt-get").exists() {
         let mut update = Command::new("apt-get");
-        update.arg("update").env("DEBIAN_FRONTEND", "noninteractive");
+        update
+            .arg("update")
+            .env("DEBIAN_FRONTEND", "noninteractive");
         // A failed update (offline mirror) may still leave a usable cache.
         let _ = crate::step::run("apt-get update", &mut update);
         let mut cmd = Command::new("apt-get");
-        cmd.args(["install", "-y", "--no-install-recommends"]).args(&names).env("DEBIAN_FRONTEND", "noninteractive");
+        cmd.args(["install", "-y", "--no-install-recommends"])
+            .args(&names)
+            .env("DEBIAN_FRONTEND", "noninteractive");
         crate::step::run("install system packages", &mut cmd)?;
     } else {
-        return Err(format!("no apt-get on this machine; install the equivalent of: {}", names.join(" ")));
+        return Err(format!(
+            "no apt-get on this machine; install the equivalent of: {}",
+            names.join(" ")
+        ));
     }
     match pkgs.iter().find(|p| !present(p)) {
         Some(p) => Err(format!("{} still missing after apt-get install", p.name)),

@@ -43,7 +43,15 @@ fn main() -> ExitCode {
 
 fn bench(args: &[String]) -> Result<(), String> {
     deps::ensure(&deps::RUNTIME)?;
-    let mut cmd = vec!["run", "--release", "--quiet", "-p", "transfer-bench", "--", "local"];
+    let mut cmd = vec![
+        "run",
+        "--release",
+        "--quiet",
+        "-p",
+        "transfer-bench",
+        "--",
+        "local",
+    ];
     cmd.extend(args.iter().map(String::as_str));
     step::cargo("bench", &cmd)
 }

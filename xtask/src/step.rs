@@ -13,13 +13,18 @@ pub fn cargo(name: &str, args: &[&str]) -> Result<(), String> {
 pub fn run(name: &str, cmd: &mut Command) -> Result<(), String> {
     eprintln!("==> {name}: {}", describe(cmd));
     let start = Instant::now();
-    let status = cmd.status().map_err(|e| format!("{name}: could not start `{}`: {e}", describe(cmd)))?;
+    let status = cmd
+        .status()
+        .map_err(|e| format!("{name}: could not start `{}`: {e}", describe(cmd)))?;
     let secs = start.elapsed().as_secs_f64();
     if status.success() {
         eprintln!("==> {name}: ok ({secs:.1} s)");
         Ok(())
     } else {
-        Err(format!("{name} failed ({status}) after {secs:.1} s: `{}`", describe(cmd)))
+        Err(format!(
+            "{name} failed ({status}) after {secs:.1} s: `{}`",
+            describe(cmd)
+        ))
     }
 }
 

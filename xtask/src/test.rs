@@ -13,9 +13,20 @@ pub fn run(args: &[String]) -> Result<(), String> {
     step::cargo("rustfmt check", &["fmt", "--all", "--", "--check"])?;
     step::cargo(
         "clippy",
-        &["clippy", "--workspace", "--all-targets", "--all-features", "--", "-D", "warnings"],
+        &[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--all-features",
+            "--",
+            "-D",
+            "warnings",
+        ],
     )?;
-    step::cargo("tests", &["test", "--workspace", "--all-features", "--no-fail-fast"])?;
+    step::cargo(
+        "tests",
+        &["test", "--workspace", "--all-features", "--no-fail-fast"],
+    )?;
     eprintln!("==> all checks passed");
     Ok(())
 }
