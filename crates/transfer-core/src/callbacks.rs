@@ -72,8 +72,9 @@ fn run(q: &CallbackQueue) {
             return;
         }
         if !ran {
-            // Woken by push; the timeout only bounds a lost wake-up race.
-            thread::park_timeout(Duration::from_millis(10));
+            // Woken by push (park/unpark keeps a token, so no wake-up is
+            // lost); the timeout is only a safety net.
+            thread::park_timeout(Duration::from_millis(500));
         }
     }
 }

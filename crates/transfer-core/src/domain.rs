@@ -144,4 +144,21 @@ pub trait Domain: Send + 'static {
 
     /// Whether submitted operations are still outstanding.
     fn has_pending(&self) -> bool;
+
+    /// A file descriptor that becomes readable when this domain has
+    /// something to report or progress to make (libfabric `FI_WAIT_FD`, a
+    /// verbs completion channel). With one on every NIC, an idle worker
+    /// blocks on them instead of parking on a timer, so arrivals wake it at
+    /// once and an idle engine costs nothing. `None`: timed parking.
+    fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
+
+    /// Called right before the worker blocks on [`Domain::wait_fd`]: arms
+    /// the notification and returns false when the domain already has work
+    /// and must be polled instead (libfabric `fi_trywait`, verbs
+    /// `ibv_req_notify_cq` followed by a final poll).
+    fn prepare_wait(&mut self) -> bool {
+        true
+    }
 }

@@ -207,6 +207,7 @@ fn spawn_worker<D: Domain>(
         batches: Vec::new(),
         rr: 0,
         recv_pool: None,
+        wait_fds: Vec::new(),
     };
     let pin = if ctx.pin {
         numa.and_then(topology::numa_node_cpus)
@@ -279,6 +280,12 @@ impl TransferEngine {
             peers: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
         }
+    }
+
+    /// How each worker spent its idle time so far: `(blocked on NIC wait
+    /// descriptors, parked on a timer)` counts, per domain group.
+    pub fn idle_stats(&self) -> Vec<(u64, u64)> {
+        self.workers.iter().map(|w| w.queue.idle_stats()).collect()
     }
 
     /// This engine's address, to hand to peers.

@@ -14,8 +14,13 @@ pub struct IdlePolicy {
     pub spin: Duration,
     /// First park timeout; doubles on each idle round.
     pub min_park: Duration,
-    /// Longest park: bounds the latency of unannounced arrivals after idle.
+    /// Longest park: bounds the latency of unannounced arrivals after idle
+    /// on backends without a wait descriptor.
     pub max_park: Duration,
+    /// Longest block on the NICs' wait descriptors (backends that have
+    /// them): arrivals and submits wake the worker at once, so this is only
+    /// a safety net.
+    pub max_block: Duration,
 }
 
 impl Default for IdlePolicy {
@@ -27,6 +32,7 @@ impl Default for IdlePolicy {
             spin: Duration::from_micros(200),
             min_park: Duration::from_micros(20),
             max_park: Duration::from_millis(1),
+            max_block: Duration::from_millis(100),
         }
     }
 }
@@ -38,6 +44,7 @@ impl IdlePolicy {
             spin: Duration::MAX,
             min_park: Duration::ZERO,
             max_park: Duration::ZERO,
+            max_block: Duration::ZERO,
         }
     }
 }
@@ -76,17 +83,30 @@ impl IdleState {
     }
 
     /// One idle round. `may_park` is false while operations are in flight:
-    /// many providers only progress when polled.
-    pub(crate) fn idle(&mut self, may_park: bool) {
+    /// many providers only progress when polled. Returns how long the worker
+    /// may sleep, or `None` to keep spinning.
+    pub(crate) fn idle(&mut self, may_park: bool) -> Option<Sleep> {
         let now = Instant::now();
         let since = *self.idle_since.get_or_insert(now);
         if !may_park || now.duration_since(since) < self.policy.spin {
             std::hint::spin_loop();
-            return;
+            return None;
         }
-        std::thread::park_timeout(self.park);
+        let park = self.park;
         self.park = (self.park * 2)
             .min(self.policy.max_park)
             .max(self.policy.min_park);
+        Some(Sleep {
+            park,
+            block: self.policy.max_block,
+        })
     }
+}
+
+/// How long an idle worker may sleep.
+pub(crate) struct Sleep {
+    /// Timed park (no wait descriptors).
+    pub(crate) park: Duration,
+    /// Block on wait descriptors.
+    pub(crate) block: Duration,
 }

@@ -28,6 +28,7 @@ pub mod region;
 pub mod request;
 pub mod shard;
 pub mod topology;
+mod wakeup;
 mod worker;
 
 #[cfg(feature = "test-domain")]

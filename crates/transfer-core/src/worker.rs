@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::Thread;
 use std::time::Duration;
 
@@ -17,7 +17,7 @@ use crate::domain::{
 };
 use crate::error::{Result, TransferError};
 use crate::group::DomainGroup;
-use crate::idle::{IdlePolicy, IdleState};
+use crate::idle::{IdlePolicy, IdleState, Sleep};
 use crate::imm_counter::ImmCounters;
 use crate::memory::MemorySpan;
 use crate::oneshot;
@@ -26,6 +26,7 @@ use crate::recv_pool::RecvPool;
 use crate::region::{HostBuffer, RegionInner};
 use crate::request::{Pages, ScatterItem};
 use crate::shard::{ShardPolicy, shard_single_write, split_pages};
+use crate::wakeup::{EventFd, wait_readable};
 
 /// A memory span crossing to the worker thread.
 pub(crate) struct SpanJob(pub(crate) MemorySpan);
@@ -121,6 +122,12 @@ pub(crate) struct WorkerQueue {
     thread: std::sync::OnceLock<Thread>,
     stop: AtomicBool,
     stopped: AtomicBool,
+    /// Set while the worker blocks on wait descriptors (then `wake` signals `event`).
+    sleeping: AtomicBool,
+    event: Option<EventFd>,
+    /// Times the worker blocked on wait descriptors / parked on a timer.
+    pub(crate) blocked: AtomicU64,
+    pub(crate) parked: AtomicU64,
 }
 
 impl WorkerQueue {
@@ -130,6 +137,11 @@ impl WorkerQueue {
             thread: std::sync::OnceLock::new(),
             stop: AtomicBool::new(false),
             stopped: AtomicBool::new(false),
+            sleeping: AtomicBool::new(false),
+            // Without an eventfd the worker parks on timers instead of blocking.
+            event: EventFd::new().ok(),
+            blocked: AtomicU64::new(0),
+            parked: AtomicU64::new(0),
         })
     }
 
@@ -138,6 +150,13 @@ impl WorkerQueue {
     }
 
     fn wake(&self) {
+        // SeqCst pairs with the worker's store of `sleeping` before its last
+        // look at the queue: either it sees the job, or we see it sleeping.
+        if self.sleeping.load(Ordering::SeqCst) {
+            if let Some(e) = &self.event {
+                e.signal();
+            }
+        }
         if let Some(t) = self.thread.get() {
             t.unpark();
         }
@@ -169,6 +188,14 @@ impl WorkerQueue {
                 }
             }
         }
+    }
+
+    /// What the worker did when idle.
+    pub(crate) fn idle_stats(&self) -> (u64, u64) {
+        (
+            self.blocked.load(Ordering::Relaxed),
+            self.parked.load(Ordering::Relaxed),
+        )
     }
 
     pub(crate) fn request_stop(&self) {
@@ -203,6 +230,8 @@ pub(crate) struct Worker<D: Domain> {
     pub(crate) batches: Vec<Vec<WriteOp>>,
     pub(crate) rr: usize,
     pub(crate) recv_pool: Option<(Arc<RecvPool>, DomainMr)>,
+    /// Scratch list of descriptors to block on.
+    pub(crate) wait_fds: Vec<std::os::fd::RawFd>,
 }
 
 /// Jobs taken per loop pass before the NICs are polled again, so a flood of
@@ -234,11 +263,48 @@ impl<D: Domain> Worker<D> {
             }
             if busy {
                 idle.active();
-            } else {
-                idle.idle(self.ops.is_empty() && !self.group.has_pending());
+            } else if let Some(sleep) = idle.idle(self.ops.is_empty() && !self.group.has_pending())
+            {
+                self.sleep(sleep);
             }
         }
         self.shutdown();
+    }
+
+    /// Sleeps until work may be there: blocked on the NICs' wait
+    /// descriptors and the submit eventfd when every NIC has one, else a
+    /// timed park.
+    fn sleep(&mut self, sleep: Sleep) {
+        let park = |q: &WorkerQueue| {
+            q.parked.fetch_add(1, Ordering::Relaxed);
+            std::thread::park_timeout(sleep.park);
+        };
+        let Some(event) = &self.queue.event else {
+            return park(&self.queue);
+        };
+        self.wait_fds.clear();
+        self.wait_fds.push(event.raw());
+        for d in self.group.domains() {
+            match d.wait_fd() {
+                Some(fd) => self.wait_fds.push(fd),
+                None => return park(&self.queue),
+            }
+        }
+        if !self
+            .group
+            .domains_mut()
+            .iter_mut()
+            .all(|d| d.prepare_wait())
+        {
+            return;
+        }
+        self.queue.sleeping.store(true, Ordering::SeqCst);
+        if self.queue.jobs.is_empty() && !self.queue.stop.load(Ordering::SeqCst) {
+            self.queue.blocked.fetch_add(1, Ordering::Relaxed);
+            wait_readable(&self.wait_fds, sleep.block);
+        }
+        self.queue.sleeping.store(false, Ordering::SeqCst);
+        event.drain();
     }
 
     fn shutdown(mut self) {

@@ -28,7 +28,8 @@ mod unordered_offsets {
         seed: 7,
         reorder: true,
         ops_per_poll: 3,
-        virt_addr: false
+        virt_addr: false,
+        wait_fd: true,
     })));
 }
 
@@ -38,6 +39,7 @@ mod in_order_virt_addr {
         seed: 11,
         reorder: false,
         ops_per_poll: 64,
-        virt_addr: true
+        virt_addr: true,
+        wait_fd: false,
     })));
 }

@@ -205,6 +205,7 @@ fn immediates_counted_under_random_orders() {
             reorder: true,
             ops_per_poll: 1 + (seed as usize % 4),
             virt_addr: seed % 2 == 0,
+            wait_fd: seed % 3 != 0,
         };
         let (_f, a, b) = pair(config, 1 + (seed as usize % 3), 64);
         let len = 1u64 << 20;
@@ -257,6 +258,48 @@ fn immediates_counted_under_random_orders() {
                 b.imm_value(imm),
                 0,
                 "seed {seed}: leftover arrivals for {imm}"
+            );
+        }
+    }
+}
+
+/// With wait descriptors on every NIC an idle worker blocks on them (and
+/// arrivals still wake it); without, it parks on timers.
+#[test]
+fn idle_workers_block_on_wait_fds_when_offered() {
+    for wait_fd in [true, false] {
+        let config = TestFabricConfig {
+            wait_fd,
+            ..TestFabricConfig::default()
+        };
+        let (_f, a, b) = pair(config, 2, 64);
+        let src = a.alloc_host(4096, 0).unwrap();
+        let dst = b.alloc_host(4096, 0).unwrap();
+        let t = target(&a, &b, &dst);
+        for i in 0..5 {
+            // Idle long enough to pass the spin phase, then deliver.
+            std::thread::sleep(Duration::from_millis(20));
+            let req = WriteRequest {
+                src: &src,
+                src_offset: 0,
+                dst: &t,
+                dst_offset: 0,
+                len: 8,
+                imm: Some(i),
+            };
+            a.write(req).unwrap().wait_timeout(GUARD).unwrap();
+            b.wait_imm(i, 1, GUARD).unwrap();
+        }
+        let (blocked, parked) = b.idle_stats()[0];
+        if wait_fd {
+            assert!(
+                blocked > 0 && parked == 0,
+                "blocked {blocked}, parked {parked}"
+            );
+        } else {
+            assert!(
+                blocked == 0 && parked > 0,
+                "blocked {blocked}, parked {parked}"
             );
         }
     }

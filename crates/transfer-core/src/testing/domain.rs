@@ -1,6 +1,7 @@
 //! [`TestDomain`]: one NIC of the in-memory fabric.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 
 use rand::Rng;
 
@@ -10,6 +11,7 @@ use crate::domain::{
 };
 use crate::error::{Result, TransferError};
 use crate::memory::{MemorySpan, RemoteKey, RemoteNicRegion};
+use crate::wakeup::EventFd;
 
 use super::fabric::{FabricState, Mr, TestFabric, decode_nic, encode_nic};
 
@@ -34,10 +36,16 @@ pub struct TestDomain {
     queue: VecDeque<PendingOp>,
     remaining: HashMap<u64, (usize, Option<TransferError>)>,
     ready: Vec<DomainEvent>,
+    event: Option<Arc<EventFd>>,
 }
 
 impl TestDomain {
-    pub(crate) fn new(fabric: TestFabric, id: u64, ordering: Ordering) -> Self {
+    pub(crate) fn new(
+        fabric: TestFabric,
+        id: u64,
+        ordering: Ordering,
+        event: Option<Arc<EventFd>>,
+    ) -> Self {
         Self {
             fabric,
             id,
@@ -48,6 +56,7 @@ impl TestDomain {
             queue: VecDeque::new(),
             remaining: HashMap::new(),
             ready: Vec::new(),
+            event,
         }
     }
 
@@ -135,6 +144,7 @@ impl TestDomain {
         }
         if let Some(imm) = w.imm {
             target.imms.push_back(imm);
+            target.notify();
         }
         Ok(())
     }
@@ -165,6 +175,7 @@ impl TestDomain {
         // its registered pool, and is not touched by it until reported.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), ptr as *mut u8, data.len()) };
         target.received.push_back((token, data.len()));
+        target.notify();
         Some(Ok(()))
     }
 }
@@ -292,6 +303,10 @@ impl Domain for TestDomain {
     }
 
     fn poll(&mut self, events: &mut Vec<DomainEvent>) {
+        if let Some(e) = &self.event {
+            // Like fi_cq_read resetting a wait object: what is pending is reported now.
+            e.drain();
+        }
         events.append(&mut self.ready);
         let fabric = self.fabric.clone();
         let mut s = fabric.lock();
@@ -339,6 +354,20 @@ impl Domain for TestDomain {
 
     fn has_pending(&self) -> bool {
         !self.queue.is_empty() || !self.ready.is_empty()
+    }
+
+    fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.event.as_ref().map(|e| e.raw())
+    }
+
+    fn prepare_wait(&mut self) -> bool {
+        if self.has_pending() {
+            return false;
+        }
+        let s = self.fabric.lock();
+        s.nics
+            .get(&self.id)
+            .is_none_or(|n| n.imms.is_empty() && n.received.is_empty())
     }
 }
 

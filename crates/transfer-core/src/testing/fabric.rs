@@ -9,6 +9,7 @@ use rand::rngs::StdRng;
 
 use crate::addr::{NicAddress, Ordering};
 use crate::error::{Result, TransferError};
+use crate::wakeup::EventFd;
 
 use super::domain::TestDomain;
 
@@ -25,6 +26,9 @@ pub struct TestFabricConfig {
     /// Registrations report virtual addresses (`true`) or offsets (`false`,
     /// like libfabric providers without `FI_MR_VIRT_ADDR`).
     pub virt_addr: bool,
+    /// NICs offer a wait descriptor (exercises the workers' blocking idle
+    /// path); without, workers park on timers.
+    pub wait_fd: bool,
 }
 
 impl Default for TestFabricConfig {
@@ -34,6 +38,7 @@ impl Default for TestFabricConfig {
             reorder: true,
             ops_per_poll: 8,
             virt_addr: true,
+            wait_fd: true,
         }
     }
 }
@@ -52,6 +57,16 @@ pub(crate) struct Nic {
     pub(crate) imms: VecDeque<u32>,
     pub(crate) posted: VecDeque<(u64, usize, usize)>,
     pub(crate) received: VecDeque<(u64, usize)>,
+    /// Signalled on every delivery to this NIC.
+    pub(crate) event: Option<Arc<EventFd>>,
+}
+
+impl Nic {
+    pub(crate) fn notify(&self) {
+        if let Some(e) = &self.event {
+            e.signal();
+        }
+    }
 }
 
 pub(crate) struct FabricState {
@@ -90,13 +105,24 @@ impl TestFabric {
         let mut s = self.lock();
         let id = s.next_nic;
         s.next_nic += 1;
-        s.nics.insert(id, Nic::default());
+        let event = if s.config.wait_fd {
+            EventFd::new().ok().map(Arc::new)
+        } else {
+            None
+        };
+        s.nics.insert(
+            id,
+            Nic {
+                event: event.clone(),
+                ..Nic::default()
+            },
+        );
         let ordering = if s.config.reorder {
             Ordering::Unordered
         } else {
             Ordering::InOrder
         };
-        TestDomain::new(self.clone(), id, ordering)
+        TestDomain::new(self.clone(), id, ordering, event)
     }
 
     /// `n` NICs.
