@@ -1,0 +1,1151 @@
+//! [`VerbsDomain`]: one verbs device port as a transfer-core [`Domain`].
+//!
+//! Resources: one PD; one CQ shared by every RC QP and both SRQs; a message
+//! SRQ (receive buffers posted by the engine) and an RMA SRQ of zero-length
+//! receives that absorb writes-with-immediate (reposted as consumed); one
+//! UD QP (with its own CQ) for the handshake; two RC QPs per peer.
+//!
+//! `resolve_peer` is synchronous but connecting is not: it returns a
+//! [`PeerId`] at once and starts the UD handshake; work submitted for the
+//! peer queues until both sides are connected, then goes. Both sides answer
+//! hellos from `poll`.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use transfer_core::{
+    BackendKind, Domain, DomainEvent, DomainInfo, DomainMr, HostBuffer, MemorySpan, NicAddress,
+    OpToken, Ordering, PeerId, RecvToken, Registration, RemoteKey, RemoteNicRegion, Result,
+    TransferError, WriteOp,
+};
+
+use crate::config::VerbsConfig;
+use crate::devinfo::{self, DeviceInfo, LinkLayer, PortInfo};
+use crate::error::{ConnFate, errno_error, post_is_backpressure, wc_error, wc_fate};
+use crate::handshake::{self, Hello, WireAddress};
+use crate::peer::{Channel, Entry, MSG, Peer, RMA, State};
+use crate::qp::{self, Path};
+use crate::rdma_op::{SendChain, Work, WorkKind, WriteSpec, expand_writes, must_signal, wr_id};
+use crate::resources::{Context, Cq, Mr, Pd, Qp, Srq};
+use crate::sys::{self, datapath, ibv_recv_wr, ibv_sge, ibv_wc};
+use crate::ud::UdEndpoint;
+
+/// Longest handshake retransmission interval.
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// Zero-length RMA receives reposted per doorbell.
+const RECV_CHAIN: usize = 32;
+
+enum SendBuf {
+    /// A bounce slot of the registered pool.
+    Slot(usize),
+    /// A message registered on the fly (too long for a slot, or none free).
+    Owned(#[allow(dead_code)] Vec<u8>, #[allow(dead_code)] Mr),
+}
+
+struct OpTrack {
+    remaining: usize,
+    error: Option<TransferError>,
+}
+
+/// One verbs device port. See the module documentation.
+///
+/// Field order is drop order: peers' QPs, the UD endpoint, SRQs, memory
+/// registrations, the CQ, the PD, then the device context; buffers last.
+pub struct VerbsDomain {
+    peers: HashMap<u64, Peer>,
+    ud: UdEndpoint,
+    rma_srq: Srq,
+    msg_srq: Srq,
+    mrs: HashMap<u64, Mr>,
+    send_bufs: HashMap<u64, SendBuf>,
+    slot_mr: Mr,
+    cq: Cq,
+    pd: Pd,
+    ctx: Context,
+    slot_buf: HostBuffer,
+    cfg: VerbsConfig,
+    dev: DeviceInfo,
+    port: PortInfo,
+    gid_index: Option<u32>,
+    path: Path,
+    wire: WireAddress,
+    by_addr: HashMap<WireAddress, u64>,
+    qpn_map: HashMap<u32, (u64, usize)>,
+    next_peer: u64,
+    next_conn: u64,
+    next_seq: u64,
+    next_mr: u64,
+    next_buf: u64,
+    free_slots: Vec<usize>,
+    ops: HashMap<u64, OpTrack>,
+    ready: Vec<DomainEvent>,
+    chain: SendChain,
+    sigs: Vec<(bool, u64)>,
+    cq_depth: usize,
+    sq_depth: usize,
+    sq_total: usize,
+    msg_posted: usize,
+    rma_posted: usize,
+    rma_cap: usize,
+    msg_bufs: HashMap<u64, (u64, u32, u32)>,
+    wcs: Vec<ibv_wc>,
+    hellos: Vec<Vec<u8>>,
+    scratch_pids: Vec<u64>,
+}
+
+// SAFETY: verbs objects may be used from any thread; the domain is owned
+// by exactly one worker thread at a time (Domain: Send, not Sync), and
+// every raw pointer it holds names memory it owns or registered memory
+// the engine keeps alive.
+unsafe impl Send for VerbsDomain {}
+
+impl VerbsDomain {
+    /// Opens a domain with [`VerbsConfig::from_env`].
+    pub fn open_default() -> Result<Self> {
+        Self::open(VerbsConfig::from_env())
+    }
+
+    /// Opens `count` domains on the same device port (e.g. the NICs of a
+    /// test group on one soft-RoCE device).
+    pub fn open_many(cfg: &VerbsConfig, count: usize) -> Result<Vec<Self>> {
+        (0..count).map(|_| Self::open(cfg.clone())).collect()
+    }
+
+    /// Opens the configured device and port and creates the domain's
+    /// resources.
+    pub fn open(cfg: VerbsConfig) -> Result<Self> {
+        let ctx = Context::open(cfg.device.as_deref())?;
+        let dev = devinfo::query(&ctx)?;
+        let port = devinfo::select_port(&dev.ports, cfg.port)?.clone();
+        let gid_index = devinfo::select_gid(port.link_layer, &port.gids, cfg.gid_index)?;
+        let gid = gid_index
+            .and_then(|i| port.gids.iter().find(|g| g.index == i))
+            .map_or([0; 16], |g| g.gid);
+        let sgid_index =
+            match gid_index {
+                Some(i) => Some(u8::try_from(i).map_err(|_| {
+                    TransferError::invalid("VerbsDomain::open", "GID index above 255")
+                })?),
+                None => None,
+            };
+        let path = Path {
+            port: port.port,
+            sgid_index,
+            pkey_index: cfg.pkey_index,
+            sl: cfg.service_level,
+            traffic_class: cfg.traffic_class,
+            mtu: port.active_mtu.max(1),
+        };
+        let pd = Pd::alloc(&ctx)?;
+        let cq_req = cfg.cq_depth.min(dev.max_cqe.max(1));
+        let cq = Cq::create(&ctx, cq_req)?;
+        let srq_cap = dev.max_srq_wr.max(1);
+        let rma_cap = cfg.rma_srq_depth.clamp(1, srq_cap);
+        let msg_cap = cfg.msg_srq_depth.clamp(1, srq_cap);
+        let rma_srq = Srq::create(&pd, rma_cap, 1)?;
+        let msg_srq = Srq::create(&pd, msg_cap, 1)?;
+        let qkey = rand::random::<u32>() & 0x7fff_ffff;
+        let ud = UdEndpoint::new(&ctx, &pd, path, qkey, rand::random::<u32>() & 0x00ff_ffff)?;
+        let slot_size = cfg.send_slot_size.max(64);
+        let slots = cfg.send_slots.max(1);
+        let slot_buf = HostBuffer::new(slot_size * slots)?;
+        let slot_mr = Mr::register(&pd, slot_buf.as_ptr(), slot_buf.len(), false)?;
+        let sq_depth = cfg.sq_depth.clamp(1, dev.max_qp_wr.max(1));
+        let wire = WireAddress {
+            version: handshake::VERSION,
+            gid,
+            global: port.link_layer == LinkLayer::Ethernet || gid_index.is_some(),
+            lid: port.lid,
+            ud_qpn: ud.qpn(),
+            qkey: ud.qkey(),
+            mtu: path.mtu,
+            nonce: rand::random(),
+        };
+        let cq_depth = cq.depth() as usize;
+        let mut d = Self {
+            peers: HashMap::new(),
+            ud,
+            rma_srq,
+            msg_srq,
+            mrs: HashMap::new(),
+            send_bufs: HashMap::new(),
+            slot_mr,
+            cq,
+            pd,
+            ctx,
+            slot_buf,
+            chain: SendChain::new(cfg.chain_len),
+            cfg,
+            dev,
+            port,
+            gid_index,
+            path,
+            wire,
+            by_addr: HashMap::new(),
+            qpn_map: HashMap::new(),
+            next_peer: 1,
+            next_conn: u64::from(rand::random::<u32>()) + 1,
+            next_seq: 1,
+            next_mr: 1,
+            next_buf: 1,
+            free_slots: (0..slots).rev().collect(),
+            ops: HashMap::new(),
+            ready: Vec::new(),
+            sigs: Vec::new(),
+            cq_depth,
+            sq_depth: sq_depth as usize,
+            sq_total: 0,
+            msg_posted: 0,
+            rma_posted: 0,
+            rma_cap: rma_cap as usize,
+            msg_bufs: HashMap::new(),
+            wcs: vec![ibv_wc::default(); 64],
+            hellos: Vec::new(),
+            scratch_pids: Vec::new(),
+        };
+        d.repost_rma()?;
+        Ok(d)
+    }
+
+    /// What the device reports.
+    pub fn device_info(&self) -> &DeviceInfo {
+        &self.dev
+    }
+
+    /// The port in use.
+    pub fn port_info(&self) -> &PortInfo {
+        &self.port
+    }
+
+    /// The GID index in use (`None`: LID-routed InfiniBand).
+    pub fn gid_index(&self) -> Option<u32> {
+        self.gid_index
+    }
+
+    /// The configuration the domain was opened with.
+    pub fn config(&self) -> &VerbsConfig {
+        &self.cfg
+    }
+
+    /// The decoded form of [`Domain::address`].
+    pub fn wire_address(&self) -> WireAddress {
+        self.wire
+    }
+
+    fn slot_size(&self) -> usize {
+        self.cfg.send_slot_size.max(64)
+    }
+
+    fn cq_room(&self) -> usize {
+        self.cq_depth
+            .saturating_sub(self.msg_posted + self.rma_posted + self.sq_total)
+    }
+
+    // ------------------------------------------------------------ ops
+
+    fn track(&mut self, op: OpToken, n: usize) {
+        self.ops
+            .entry(op.0)
+            .or_insert(OpTrack {
+                remaining: 0,
+                error: None,
+            })
+            .remaining += n;
+    }
+
+    fn batch_done(&mut self, op: OpToken, r: Result<()>) {
+        let Some(t) = self.ops.get_mut(&op.0) else {
+            return;
+        };
+        if let Err(e) = r {
+            t.error.get_or_insert(e);
+        }
+        t.remaining = t.remaining.saturating_sub(1);
+        if t.remaining == 0 {
+            if let Some(t) = self.ops.remove(&op.0) {
+                self.ready.push(DomainEvent::Completed {
+                    op,
+                    result: t.error.map_or(Ok(()), Err),
+                });
+            }
+        }
+    }
+
+    fn release_buf(&mut self, id: u64) {
+        if let Some(SendBuf::Slot(s)) = self.send_bufs.remove(&id) {
+            self.free_slots.push(s);
+        }
+    }
+
+    fn fail_work(&mut self, w: Work, e: &TransferError) {
+        if let WorkKind::Send { buf } = w.kind {
+            self.release_buf(buf);
+        }
+        if w.last {
+            self.batch_done(w.op, Err(e.clone()));
+        }
+    }
+
+    // ------------------------------------------------------------ connections
+
+    fn new_channels(&mut self, pid: u64) -> Result<[Channel; 2]> {
+        let mk = |d: &Self, srq: &Srq| -> Result<(Qp, u32)> {
+            let qp = Qp::create(
+                &d.pd,
+                &d.cq,
+                Some(srq),
+                sys::IBV_QPT_RC,
+                d.sq_depth as u32,
+                0,
+            )?;
+            qp::rc_init(&qp, &d.path)?;
+            Ok((qp, rand::random::<u32>() & 0x00ff_ffff))
+        };
+        let (mq, mpsn) = mk(self, &self.msg_srq)?;
+        let (rq, rpsn) = mk(self, &self.rma_srq)?;
+        let first_seq = self.next_seq;
+        let ch = |qp: Qp, psn: u32| Channel {
+            qp,
+            psn,
+            pending: Default::default(),
+            outstanding: Default::default(),
+            sq_used: 0,
+            run: 0,
+            first_seq,
+            partial: None,
+        };
+        self.qpn_map.insert(mq.qpn(), (pid, MSG));
+        self.qpn_map.insert(rq.qpn(), (pid, RMA));
+        Ok([ch(mq, mpsn), ch(rq, rpsn)])
+    }
+
+    /// Tears down the peer's QPs, failing work that was (partly) posted
+    /// with `err`; returns the work that never reached the NIC.
+    fn drop_channels(&mut self, p: &mut Peer, err: &TransferError) -> [Vec<Work>; 2] {
+        let mut keep: [Vec<Work>; 2] = Default::default();
+        let Some(chans) = p.chans.take() else {
+            return keep;
+        };
+        for (i, ch) in chans.into_iter().enumerate() {
+            self.qpn_map.remove(&ch.qp.qpn());
+            self.sq_total = self.sq_total.saturating_sub(ch.sq_used);
+            for e in ch.outstanding {
+                if let Some(b) = e.release {
+                    self.release_buf(b);
+                }
+                if let Some(op) = e.done {
+                    self.batch_done(op, Err(err.clone()));
+                }
+            }
+            for w in ch.pending {
+                if Some(w.op) == ch.partial {
+                    self.fail_work(w, err);
+                } else {
+                    keep[i].push(w);
+                }
+            }
+        }
+        keep
+    }
+
+    /// Fails everything and leaves the peer without QPs in `state`.
+    fn close_peer(&mut self, p: &mut Peer, err: &TransferError, state: State) {
+        let keep = self.drop_channels(p, err);
+        for w in keep.into_iter().flatten() {
+            self.fail_work(w, err);
+        }
+        p.state = state;
+        if let Some(rc) = p.remote_conn.take() {
+            p.min_remote_conn = p.min_remote_conn.max(rc + 1);
+        }
+        p.confirmed = false;
+    }
+
+    /// (Re)creates the peer's QPs with a new connection number and starts
+    /// the handshake; queued work that never reached the NIC is kept.
+    fn reconnect(&mut self, pid: u64, p: &mut Peer, err: &TransferError) {
+        let keep = self.drop_channels(p, err);
+        if let Some(rc) = p.remote_conn.take() {
+            p.min_remote_conn = p.min_remote_conn.max(rc + 1);
+        }
+        match self.new_channels(pid) {
+            Ok(mut chans) => {
+                for (ch, works) in chans.iter_mut().zip(keep) {
+                    ch.pending.extend(works);
+                }
+                p.chans = Some(chans);
+                p.conn = self.next_conn;
+                self.next_conn += 1;
+                p.confirmed = false;
+                p.state = State::Connecting;
+                let now = Instant::now();
+                p.started = now;
+                p.backoff = self.cfg.handshake_retry;
+                p.next_hello = now;
+            }
+            Err(e) => {
+                for w in keep.into_iter().flatten() {
+                    self.fail_work(w, &e);
+                }
+                p.state = State::Dead(e);
+            }
+        }
+    }
+
+    fn hello_for(&self, p: &Peer, bye: bool) -> Hello {
+        let (qpns, psns) = match &p.chans {
+            Some(c) => ([c[0].qp.qpn(), c[1].qp.qpn()], [c[0].psn, c[1].psn]),
+            None => ([0; 2], [0; 2]),
+        };
+        Hello {
+            from: self.wire,
+            to_nonce: p.addr.nonce,
+            bye,
+            conn: p.conn,
+            peer_conn: p.remote_conn,
+            confirmed: p.confirmed,
+            qpns,
+            psns,
+        }
+    }
+
+    fn send_hello(&mut self, p: &Peer, bye: bool) {
+        if p.chans.is_none() && !bye {
+            return;
+        }
+        let h = self.hello_for(p, bye);
+        if let Ok(bytes) = handshake::encode_hello(&h) {
+            // Best effort: a lost or unsendable hello is retried by the timer
+            // and, failing that, ends in a handshake timeout.
+            let _ = self.ud.send(&self.pd, &p.addr, &bytes);
+        }
+    }
+
+    fn connect(&self, p: &Peer, h: &Hello) -> Result<()> {
+        let Some(chans) = &p.chans else {
+            return Err(TransferError::invalid("connect", "peer has no QPs"));
+        };
+        for (i, ch) in chans.iter().enumerate() {
+            qp::rc_rtr(
+                &ch.qp,
+                &self.path,
+                &p.addr,
+                h.qpns[i],
+                h.psns[i],
+                self.cfg.min_rnr_timer,
+            )?;
+            qp::rc_rts(
+                &ch.qp,
+                ch.psn,
+                self.cfg.rc_timeout,
+                self.cfg.rc_retry_cnt,
+                self.cfg.rnr_retry,
+            )?;
+        }
+        Ok(())
+    }
+
+    fn new_peer(&mut self, addr: WireAddress, resolved: bool) -> u64 {
+        let pid = self.next_peer;
+        self.next_peer += 1;
+        let now = Instant::now();
+        let mut p = Peer {
+            addr,
+            state: State::Idle,
+            chans: None,
+            conn: 0,
+            remote_conn: None,
+            min_remote_conn: 0,
+            confirmed: false,
+            started: now,
+            next_hello: now,
+            backoff: self.cfg.handshake_retry,
+            resolved,
+        };
+        self.reconnect(pid, &mut p, &TransferError::Shutdown { call: "connect" });
+        self.by_addr.insert(addr, pid);
+        self.peers.insert(pid, p);
+        pid
+    }
+
+    fn on_hello(&mut self, h: Hello) {
+        if h.to_nonce != self.wire.nonce {
+            return;
+        }
+        let pid = match self.by_addr.get(&h.from) {
+            Some(&pid) => pid,
+            None if h.bye => return,
+            None => self.new_peer(h.from, false),
+        };
+        let Some(mut p) = self.peers.remove(&pid) else {
+            return;
+        };
+        self.handle_hello(pid, &mut p, &h);
+        let ready = p.state == State::Ready;
+        self.peers.insert(pid, p);
+        if ready {
+            self.progress(pid);
+        }
+    }
+
+    fn handle_hello(&mut self, pid: u64, p: &mut Peer, h: &Hello) {
+        if h.conn < p.min_remote_conn {
+            return;
+        }
+        if h.bye {
+            if p.remote_conn == Some(h.conn) {
+                let err = TransferError::PeerUnreachable {
+                    call: "verbs connection",
+                    reason: "the peer closed the connection".into(),
+                };
+                self.close_peer(p, &err, State::Idle);
+            }
+            return;
+        }
+        match p.remote_conn {
+            Some(rc) if h.conn < rc => return,
+            Some(rc) if h.conn == rc => {}
+            Some(_) => {
+                let err = TransferError::PeerUnreachable {
+                    call: "verbs connection",
+                    reason: "the peer re-established the connection".into(),
+                };
+                self.reconnect(pid, p, &err);
+                p.remote_conn = None;
+            }
+            None => {}
+        }
+        if p.chans.is_none() {
+            if matches!(p.state, State::Dead(_) | State::Idle) {
+                let err = TransferError::PeerUnreachable {
+                    call: "verbs connection",
+                    reason: "reconnecting".into(),
+                };
+                self.reconnect(pid, p, &err);
+            }
+            if p.chans.is_none() {
+                return;
+            }
+        }
+        if p.remote_conn.is_none() {
+            if let Err(e) = self.connect(p, h) {
+                self.close_peer(p, &e, State::Dead(e.clone()));
+                return;
+            }
+            p.remote_conn = Some(h.conn);
+        }
+        if h.peer_conn == Some(p.conn) && !p.confirmed {
+            p.confirmed = true;
+            p.state = State::Ready;
+        }
+        if h.peer_conn != Some(p.conn) || !h.confirmed {
+            self.send_hello(p, false);
+        }
+    }
+
+    fn handshake_timers(&mut self) {
+        let now = Instant::now();
+        self.scratch_pids.clear();
+        self.scratch_pids.extend(
+            self.peers
+                .iter()
+                .filter(|(_, p)| p.state == State::Connecting && p.next_hello <= now)
+                .map(|(&id, _)| id),
+        );
+        let pids = std::mem::take(&mut self.scratch_pids);
+        for &pid in &pids {
+            let Some(mut p) = self.peers.remove(&pid) else {
+                continue;
+            };
+            if now.duration_since(p.started) > self.cfg.handshake_timeout {
+                let err = TransferError::PeerUnreachable {
+                    call: "verbs handshake",
+                    reason: format!(
+                        "no answer from the peer's UD QP {:#x} within {} ms",
+                        p.addr.ud_qpn,
+                        self.cfg.handshake_timeout.as_millis()
+                    ),
+                };
+                self.close_peer(&mut p, &err, State::Dead(err.clone()));
+            } else {
+                self.send_hello(&p, false);
+                p.next_hello = now + p.backoff;
+                p.backoff = (p.backoff * 2).min(MAX_BACKOFF);
+            }
+            self.peers.insert(pid, p);
+        }
+        self.scratch_pids = pids;
+    }
+
+    // ------------------------------------------------------------ data path
+
+    /// Queues work for a peer; starts a connection if it has none.
+    fn enqueue(&mut self, peer: PeerId, ci: usize, works: &[Work]) -> Result<()> {
+        let Some(mut p) = self.peers.remove(&peer.0) else {
+            return Err(TransferError::invalid("verbs submit", "unknown peer id"));
+        };
+        let r = match &p.state {
+            State::Dead(e) => Err(e.clone()),
+            State::Idle => {
+                let err = TransferError::PeerUnreachable {
+                    call: "verbs connection",
+                    reason: "reconnecting".into(),
+                };
+                self.reconnect(peer.0, &mut p, &err);
+                Ok(())
+            }
+            State::Connecting | State::Ready => Ok(()),
+        };
+        if r.is_ok() {
+            match p.chans.as_mut() {
+                Some(c) => c[ci].pending.extend(works.iter().copied()),
+                None => {
+                    let e = match &p.state {
+                        State::Dead(e) => e.clone(),
+                        _ => TransferError::PeerUnreachable {
+                            call: "verbs submit",
+                            reason: "no connection".into(),
+                        },
+                    };
+                    self.peers.insert(peer.0, p);
+                    return Err(e);
+                }
+            }
+        }
+        self.peers.insert(peer.0, p);
+        r
+    }
+
+    /// Posts queued work of a connected peer, in chains of `chain_len`,
+    /// within send-queue and completion-queue room.
+    fn progress(&mut self, pid: u64) {
+        let Some(mut p) = self.peers.remove(&pid) else {
+            return;
+        };
+        let mut failure = None;
+        if p.state == State::Ready {
+            if let Some(chans) = p.chans.as_mut() {
+                'chans: for ch in chans.iter_mut() {
+                    while !ch.pending.is_empty() {
+                        let room_sq = self.sq_depth.saturating_sub(ch.sq_used);
+                        let n = self
+                            .chain
+                            .capacity()
+                            .min(ch.pending.len())
+                            .min(room_sq)
+                            .min(self.cq_room());
+                        if n == 0 {
+                            break;
+                        }
+                        self.chain.clear();
+                        self.sigs.clear();
+                        let mut run = ch.run;
+                        for (i, w) in ch.pending.iter().take(n).enumerate() {
+                            let sig = must_signal(
+                                w.last,
+                                run,
+                                self.cfg.signal_interval,
+                                ch.sq_used + i + 1,
+                                self.sq_depth,
+                            );
+                            let seq = self.next_seq;
+                            self.next_seq += 1;
+                            self.chain.push(w, seq, sig);
+                            self.sigs.push((sig, seq));
+                            run = if sig { 0 } else { run + 1 };
+                        }
+                        let mut bad = std::ptr::null_mut();
+                        // SAFETY: live QP; the chain's WRs and SGEs are valid
+                        // and linked; local buffers are registered memory the
+                        // engine keeps alive until the op completes.
+                        let rc = unsafe {
+                            datapath::post_send(ch.qp.as_ptr(), self.chain.head(), &mut bad)
+                        };
+                        let posted = if rc == 0 {
+                            n
+                        } else {
+                            self.chain.index_of(bad).unwrap_or(0)
+                        };
+                        for &(sig, seq) in self.sigs.iter().take(posted) {
+                            let Some(w) = ch.pending.pop_front() else {
+                                break;
+                            };
+                            ch.sq_used += 1;
+                            self.sq_total += 1;
+                            ch.partial = if w.last { None } else { Some(w.op) };
+                            if sig {
+                                ch.outstanding.push_back(Entry {
+                                    seq,
+                                    wrs: ch.run + 1,
+                                    done: w.last.then_some(w.op),
+                                    release: match w.kind {
+                                        WorkKind::Send { buf } => Some(buf),
+                                        WorkKind::Write { .. } => None,
+                                    },
+                                });
+                                ch.run = 0;
+                            } else {
+                                ch.run += 1;
+                            }
+                        }
+                        if rc != 0 {
+                            if !post_is_backpressure(rc) {
+                                failure = Some(errno_error("ibv_post_send", rc.abs()));
+                            }
+                            break 'chans;
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(e) = failure {
+            self.reconnect(pid, &mut p, &e);
+            self.send_hello(&p, false);
+        }
+        self.peers.insert(pid, p);
+    }
+
+    fn complete_entries(&mut self, pid: u64, ci: usize, seq: u64) {
+        let mut done = Vec::new();
+        {
+            let Some(ch) = self
+                .peers
+                .get_mut(&pid)
+                .and_then(|p| p.chans.as_mut())
+                .map(|c| &mut c[ci])
+            else {
+                return;
+            };
+            if seq < ch.first_seq {
+                return;
+            }
+            while ch.outstanding.front().is_some_and(|e| e.seq <= seq) {
+                let Some(e) = ch.outstanding.pop_front() else {
+                    break;
+                };
+                ch.sq_used = ch.sq_used.saturating_sub(e.wrs);
+                self.sq_total = self.sq_total.saturating_sub(e.wrs);
+                done.push((e.done, e.release));
+            }
+        }
+        for (op, buf) in done {
+            if let Some(b) = buf {
+                self.release_buf(b);
+            }
+            if let Some(op) = op {
+                self.batch_done(op, Ok(()));
+            }
+        }
+    }
+
+    fn conn_error(&mut self, pid: u64, ci: usize, wc: &ibv_wc) {
+        let Some(mut p) = self.peers.remove(&pid) else {
+            return;
+        };
+        let stale = p.chans.as_ref().is_none_or(|c| wc.wr_id < c[ci].first_seq);
+        if !stale {
+            let call = if ci == MSG { "send" } else { "write" };
+            let err = wc_error(call, wc.status, wc.vendor_err);
+            match wc_fate(wc.status) {
+                ConnFate::Dead => {
+                    self.close_peer(&mut p, &err, State::Dead(err.clone()));
+                }
+                ConnFate::Reconnect => {
+                    self.reconnect(pid, &mut p, &err);
+                    self.send_hello(&p, false);
+                }
+            }
+        }
+        self.peers.insert(pid, p);
+    }
+
+    fn on_wc(&mut self, wc: ibv_wc) {
+        if wc.wr_id & wr_id::RECV_RMA != 0 {
+            self.rma_posted = self.rma_posted.saturating_sub(1);
+            if wc.status == 0 && wc.wc_flags & sys::IBV_WC_WITH_IMM != 0 {
+                self.ready.push(DomainEvent::Imm {
+                    imm: u32::from_be(wc.imm_data),
+                });
+            }
+            return;
+        }
+        if wc.wr_id & wr_id::RECV_MSG != 0 {
+            self.msg_posted = self.msg_posted.saturating_sub(1);
+            let token = wc.wr_id & !wr_id::TAGS;
+            if wc.status == 0 {
+                self.msg_bufs.remove(&token);
+                self.ready.push(DomainEvent::Received {
+                    token: RecvToken(token),
+                    len: wc.byte_len as usize,
+                });
+            } else if let Some(&(addr, len, lkey)) = self.msg_bufs.get(&token) {
+                // A receive that failed (e.g. too long a message) is handed
+                // back to the SRQ; the sender sees the error.
+                let _ = self.post_msg_recv(token, addr, len, lkey);
+            }
+            return;
+        }
+        let Some(&(pid, ci)) = self.qpn_map.get(&wc.qp_num) else {
+            return;
+        };
+        if wc.status == 0 {
+            self.complete_entries(pid, ci, wc.wr_id);
+        } else {
+            self.conn_error(pid, ci, &wc);
+        }
+    }
+
+    fn post_msg_recv(&mut self, token: u64, addr: u64, len: u32, lkey: u32) -> Result<()> {
+        let mut sge = ibv_sge {
+            addr,
+            length: len,
+            lkey,
+        };
+        let mut wr = ibv_recv_wr {
+            wr_id: wr_id::RECV_MSG | token,
+            next: std::ptr::null_mut(),
+            sg_list: &mut sge,
+            num_sge: i32::from(len > 0),
+        };
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: live SRQ; wr/sge valid for the call; the buffer is
+        // registered memory the engine keeps until it is reported.
+        let rc = unsafe { datapath::post_srq_recv(self.msg_srq.as_ptr(), &mut wr, &mut bad) };
+        if rc != 0 {
+            return Err(errno_error("ibv_post_srq_recv", rc.abs()));
+        }
+        self.msg_posted += 1;
+        self.msg_bufs.insert(token, (addr, len, lkey));
+        Ok(())
+    }
+
+    fn repost_rma(&mut self) -> Result<()> {
+        let mut wrs = [ibv_recv_wr::default(); RECV_CHAIN];
+        while self.rma_posted < self.rma_cap {
+            let n = (self.rma_cap - self.rma_posted).min(RECV_CHAIN);
+            for i in 0..n {
+                wrs[i].wr_id = wr_id::RECV_RMA;
+                wrs[i].num_sge = 0;
+                wrs[i].sg_list = std::ptr::null_mut();
+                wrs[i].next = std::ptr::null_mut();
+                if i > 0 {
+                    let this: *mut ibv_recv_wr = &mut wrs[i];
+                    wrs[i - 1].next = this;
+                }
+            }
+            let mut bad = std::ptr::null_mut();
+            // SAFETY: live SRQ; a linked chain of zero-length receives.
+            let rc = unsafe {
+                datapath::post_srq_recv(self.rma_srq.as_ptr(), wrs.as_mut_ptr(), &mut bad)
+            };
+            if rc != 0 {
+                let posted = (0..n).find(|&i| std::ptr::eq(&wrs[i], bad)).unwrap_or(0);
+                self.rma_posted += posted;
+                return Err(errno_error("ibv_post_srq_recv(RMA)", rc.abs()));
+            }
+            self.rma_posted += n;
+        }
+        Ok(())
+    }
+
+    fn poll_cq(&mut self) {
+        for _ in 0..16 {
+            // SAFETY: live CQ; the buffer has room for its length.
+            let n = unsafe { datapath::poll_cq(self.cq.as_ptr(), &mut self.wcs) };
+            let Ok(n) = usize::try_from(n) else { return };
+            for i in 0..n {
+                let wc = self.wcs[i];
+                self.on_wc(wc);
+            }
+            if n < self.wcs.len() {
+                return;
+            }
+        }
+    }
+
+    fn numa_node(&self) -> Option<u32> {
+        let path = format!("/sys/class/infiniband/{}/device/numa_node", self.ctx.name());
+        std::fs::read_to_string(path)
+            .ok()
+            .and_then(|s| s.trim().parse::<i64>().ok())
+            .and_then(|n| u32::try_from(n).ok())
+    }
+}
+
+impl Domain for VerbsDomain {
+    fn backend(&self) -> BackendKind {
+        BackendKind::Verbs
+    }
+
+    fn info(&self) -> DomainInfo {
+        DomainInfo {
+            name: self.ctx.name().to_string(),
+            provider: match self.port.link_layer {
+                LinkLayer::Ethernet => "verbs;roce".into(),
+                _ => "verbs;ib".into(),
+            },
+            link_speed_bps: self.port.speed_bps,
+            numa_node: self.numa_node(),
+            ordering: Ordering::InOrder,
+            // Longer writes are split into port-sized messages here.
+            max_write_size: u64::MAX,
+        }
+    }
+
+    fn address(&self) -> NicAddress {
+        handshake::encode_address(&self.wire).unwrap_or(NicAddress(Vec::new()))
+    }
+
+    fn register(&mut self, span: MemorySpan) -> Result<Registration> {
+        let mr = match span.dmabuf_fd {
+            Some(fd) => Mr::register_dmabuf(&self.pd, fd, span.len, span.ptr as u64)?,
+            None => Mr::register(&self.pd, span.ptr, span.len, self.cfg.relaxed_ordering)?,
+        };
+        let id = self.next_mr;
+        self.next_mr += 1;
+        let remote = RemoteNicRegion {
+            base: span.ptr as u64,
+            key: RemoteKey(u64::from(mr.rkey())),
+        };
+        self.mrs.insert(id, mr);
+        Ok(Registration {
+            mr: DomainMr(id),
+            remote,
+        })
+    }
+
+    fn unregister(&mut self, mr: DomainMr) -> Result<()> {
+        self.mrs.remove(&mr.0).map(drop).ok_or_else(|| {
+            TransferError::invalid("VerbsDomain::unregister", "unknown registration")
+        })
+    }
+
+    fn resolve_peer(&mut self, addr: &NicAddress) -> Result<PeerId> {
+        let w = handshake::decode_address(addr)?;
+        if let Some(&pid) = self.by_addr.get(&w) {
+            if let Some(p) = self.peers.get_mut(&pid) {
+                p.resolved = true;
+            }
+            return Ok(PeerId(pid));
+        }
+        let pid = self.new_peer(w, true);
+        if let Some(p) = self.peers.remove(&pid) {
+            if let State::Dead(e) = &p.state {
+                let e = e.clone();
+                self.by_addr.remove(&w);
+                return Err(e);
+            }
+            self.send_hello(&p, false);
+            self.peers.insert(pid, p);
+        }
+        Ok(PeerId(pid))
+    }
+
+    fn remove_peer(&mut self, peer: PeerId) {
+        let Some(mut p) = self.peers.remove(&peer.0) else {
+            return;
+        };
+        self.by_addr.remove(&p.addr);
+        if p.chans.is_some() {
+            self.send_hello(&p, true);
+        }
+        let err = TransferError::PeerUnreachable {
+            call: "remove_peer",
+            reason: "peer removed".into(),
+        };
+        self.close_peer(&mut p, &err, State::Idle);
+    }
+
+    fn post_recv(
+        &mut self,
+        token: RecvToken,
+        mr: DomainMr,
+        buf: *mut u8,
+        len: usize,
+    ) -> Result<()> {
+        const CALL: &str = "VerbsDomain::post_recv";
+        if token.0 & wr_id::TAGS != 0 {
+            return Err(TransferError::invalid(CALL, "token uses the top two bits"));
+        }
+        let lkey = self
+            .mrs
+            .get(&mr.0)
+            .map(Mr::lkey)
+            .ok_or_else(|| TransferError::invalid(CALL, "unknown registration"))?;
+        let len = u32::try_from(len)
+            .map_err(|_| TransferError::invalid(CALL, "receive buffer above 4 GiB"))?;
+        self.post_msg_recv(token.0, buf as u64, len, lkey)
+    }
+
+    fn submit_send(&mut self, op: OpToken, peer: PeerId, data: Vec<u8>) {
+        self.track(op, 1);
+        let id = self.next_buf;
+        self.next_buf += 1;
+        let len = match u32::try_from(data.len()) {
+            Ok(l) => l,
+            Err(_) => {
+                return self.batch_done(
+                    op,
+                    Err(TransferError::invalid("send", "message above 4 GiB")),
+                );
+            }
+        };
+        let (addr, lkey) = if data.len() <= self.slot_size() && !self.free_slots.is_empty() {
+            let Some(slot) = self.free_slots.pop() else {
+                return;
+            };
+            let addr = self.slot_buf.as_ptr() as u64 + (slot * self.slot_size()) as u64;
+            // SAFETY: the slot lies in slot_buf and is free (not in flight).
+            unsafe {
+                std::ptr::copy_nonoverlapping(data.as_ptr(), addr as *mut u8, data.len());
+            }
+            self.send_bufs.insert(id, SendBuf::Slot(slot));
+            (addr, self.slot_mr.lkey())
+        } else {
+            let mut data = data;
+            let ptr = data.as_mut_ptr();
+            let mr = match Mr::register(&self.pd, ptr, data.len().max(1), false) {
+                Ok(m) => m,
+                Err(e) => return self.batch_done(op, Err(e)),
+            };
+            let lkey = mr.lkey();
+            self.send_bufs.insert(id, SendBuf::Owned(data, mr));
+            (ptr as u64, lkey)
+        };
+        let w = Work {
+            op,
+            local: addr,
+            len,
+            lkey,
+            kind: WorkKind::Send { buf: id },
+            last: true,
+        };
+        if let Err(e) = self.enqueue(peer, MSG, &[w]) {
+            self.fail_work(w, &e);
+            return;
+        }
+        self.progress(peer.0);
+    }
+
+    fn submit_writes(&mut self, op: OpToken, writes: &[WriteOp]) {
+        const CALL: &str = "submit_writes";
+        if writes.is_empty() {
+            self.ready
+                .push(DomainEvent::Completed { op, result: Ok(()) });
+            return;
+        }
+        let mut groups: Vec<(PeerId, Vec<WriteSpec>)> = Vec::new();
+        let mut bad: Option<TransferError> = None;
+        for w in writes {
+            let Some(lkey) = self.mrs.get(&w.local_mr.0).map(Mr::lkey) else {
+                bad.get_or_insert(TransferError::invalid(CALL, "unknown local registration"));
+                continue;
+            };
+            let Ok(rkey) = u32::try_from(w.remote_key.0) else {
+                bad.get_or_insert(TransferError::invalid(
+                    CALL,
+                    "remote key is not a verbs rkey",
+                ));
+                continue;
+            };
+            let spec = WriteSpec {
+                local: w.local as u64,
+                len: w.len as u64,
+                lkey,
+                remote_addr: w.remote_addr,
+                rkey,
+                imm: w.imm,
+            };
+            match groups.iter_mut().find(|(p, _)| *p == w.peer) {
+                Some((_, v)) => v.push(spec),
+                None => groups.push((w.peer, vec![spec])),
+            }
+        }
+        if let Some(e) = bad {
+            self.track(op, 1);
+            return self.batch_done(op, Err(e));
+        }
+        self.track(op, groups.len());
+        let max_msg = self.port.max_msg_sz.max(1);
+        let mut works = Vec::new();
+        for (peer, specs) in groups {
+            works.clear();
+            if let Err(e) = expand_writes(op, &specs, max_msg, &mut works) {
+                self.batch_done(op, Err(e));
+                continue;
+            }
+            if let Err(e) = self.enqueue(peer, RMA, &works) {
+                self.batch_done(op, Err(e));
+                continue;
+            }
+            self.progress(peer.0);
+        }
+    }
+
+    fn poll(&mut self, events: &mut Vec<DomainEvent>) {
+        let mut hellos = std::mem::take(&mut self.hellos);
+        self.ud.poll(&mut hellos);
+        for bytes in hellos.drain(..) {
+            if let Ok(h) = handshake::decode_hello(&bytes) {
+                self.on_hello(h);
+            }
+        }
+        self.hellos = hellos;
+        self.handshake_timers();
+        self.poll_cq();
+        // A failed repost leaves fewer receives posted; retried next poll.
+        let _ = self.repost_rma();
+        self.scratch_pids.clear();
+        self.scratch_pids.extend(
+            self.peers
+                .iter()
+                .filter(|(_, p)| {
+                    p.state == State::Ready
+                        && p.chans
+                            .as_ref()
+                            .is_some_and(|c| c.iter().any(|ch| !ch.pending.is_empty()))
+                })
+                .map(|(&id, _)| id),
+        );
+        let pids = std::mem::take(&mut self.scratch_pids);
+        for &pid in &pids {
+            self.progress(pid);
+        }
+        self.scratch_pids = pids;
+        events.append(&mut self.ready);
+    }
+
+    fn has_pending(&self) -> bool {
+        !self.ops.is_empty()
+            || !self.ready.is_empty()
+            || self
+                .peers
+                .values()
+                .any(|p| p.state == State::Connecting || p.busy())
+    }
+}
+
+impl Drop for VerbsDomain {
+    fn drop(&mut self) {
+        // Tell connected peers, so they fail their work at once instead of
+        // after transport retries; then release every QP before the SRQs,
+        // CQs, MRs, PD and context (field order).
+        let pids: Vec<u64> = self.peers.keys().copied().collect();
+        let mut said_bye = false;
+        for pid in pids {
+            if let Some(p) = self.peers.remove(&pid) {
+                if p.remote_conn.is_some() {
+                    self.send_hello(&p, true);
+                    said_bye = true;
+                }
+                self.peers.insert(pid, p);
+            }
+        }
+        if said_bye {
+            self.ud.drain_sends(Duration::from_millis(50));
+        }
+        self.peers.clear();
+        self.send_bufs.clear();
+        self.mrs.clear();
+    }
+}
