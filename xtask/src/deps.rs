@@ -18,7 +18,7 @@ pub struct Package {
 }
 
 /// Runtime packages of the tests and the bench.
-pub const RUNTIME: [Package; 2] = [
+pub const RUNTIME: [Package; 3] = [
     Package {
         name: "libfabric1",
         probes: &[
@@ -33,6 +33,11 @@ pub const RUNTIME: [Package; 2] = [
         name: "libfabric-bin",
         probes: &["/usr/bin/fi_pingpong", "/opt/amazon/efa/bin/fi_pingpong"],
         why: "fi_info and fi_pingpong, the raw provider baseline",
+    },
+    Package {
+        name: "fonts-dejavu-core",
+        probes: &["/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"],
+        why: "a font for the bench's plots",
     },
 ];
 

@@ -3,6 +3,7 @@
 //! Std-only on purpose: it compiles in seconds on a fresh machine, before
 //! any system package is installed.
 
+mod bench;
 mod deps;
 mod step;
 mod test;
@@ -17,6 +18,10 @@ commands:
                       and every test of the workspace (the CI command)
   bench [options]     the main job: the engine between two processes on this
                       machine over the default provider, next to raw baselines
+                      (--quick, --full, --provider P, --nics N)
+    --netns N [--link-rate 1gbit] [--link-delay 1ms]
+                      N network-namespace hosts on this machine (root)
+    --hosts h1,h2,... real hosts over ssh; h1 drives, the others serve
   deps                install (or print how to install) the system packages
 ";
 
@@ -24,7 +29,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("test") => test::run(&args[1..]),
-        Some("bench") => bench(&args[1..]),
+        Some("bench") => bench::run(&args[1..]),
         Some("deps") => deps::ensure(&deps::RUNTIME),
         Some("help" | "--help" | "-h") | None => {
             print!("{USAGE}");
@@ -39,19 +44,4 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-fn bench(args: &[String]) -> Result<(), String> {
-    deps::ensure(&deps::RUNTIME)?;
-    let mut cmd = vec![
-        "run",
-        "--release",
-        "--quiet",
-        "-p",
-        "transfer-bench",
-        "--",
-        "local",
-    ];
-    cmd.extend(args.iter().map(String::as_str));
-    step::cargo("bench", &cmd)
 }

@@ -1,0 +1,500 @@
+//! `cargo xtask bench`: the local two-process run (default), a run across
+//! network-namespace hosts on this machine (`--netns N`), or across real
+//! hosts over ssh (`--hosts h1,h2,...`).
+//!
+//! Command plans are pure functions (unit-tested); execution is separate.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::{deps, step};
+
+/// Options of `cargo xtask bench`.
+#[derive(Debug, Default, PartialEq)]
+pub struct BenchArgs {
+    /// Options handed to transfer-bench unchanged (--quick, --full, --provider, ...).
+    pub passthrough: Vec<String>,
+    /// Number of namespace hosts.
+    pub netns: Option<usize>,
+    /// tc rate of every namespace link (e.g. `1gbit`).
+    pub link_rate: Option<String>,
+    /// Extra delay of every namespace link (e.g. `1ms`; needs sch_netem).
+    pub link_delay: Option<String>,
+    /// Real hosts (first one drives).
+    pub hosts: Vec<String>,
+    /// quick / default / full for multi-host runs.
+    pub mode: String,
+}
+
+pub fn parse(args: &[String]) -> Result<BenchArgs, String> {
+    let mut out = BenchArgs {
+        mode: "default".into(),
+        ..BenchArgs::default()
+    };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut value = |name: &str| {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("bench: {name} needs a value"))
+        };
+        match a.as_str() {
+            "--netns" => {
+                let n: usize = value("--netns")?
+                    .parse()
+                    .map_err(|_| "bench: --netns takes a number of hosts".to_string())?;
+                if !(2..=32).contains(&n) {
+                    return Err("bench: --netns needs 2 to 32 hosts".into());
+                }
+                out.netns = Some(n);
+            }
+            "--link-rate" => out.link_rate = Some(value("--link-rate")?),
+            "--link-delay" => out.link_delay = Some(value("--link-delay")?),
+            "--hosts" => {
+                out.hosts = value("--hosts")?
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|h| !h.is_empty())
+                    .map(String::from)
+                    .collect();
+                if out.hosts.len() < 2 {
+                    return Err(
+                        "bench: --hosts needs at least two hosts (the first one drives)".into(),
+                    );
+                }
+            }
+            "--quick" => {
+                out.mode = "quick".into();
+                out.passthrough.push(a.clone());
+            }
+            "--full" => {
+                out.mode = "full".into();
+                out.passthrough.push(a.clone());
+            }
+            _ => out.passthrough.push(a.clone()),
+        }
+    }
+    if out.netns.is_some() && !out.hosts.is_empty() {
+        return Err("bench: --netns and --hosts exclude each other".into());
+    }
+    if out.netns.is_none() && (out.link_rate.is_some() || out.link_delay.is_some()) {
+        return Err("bench: --link-rate / --link-delay shape --netns links only".into());
+    }
+    Ok(out)
+}
+
+/// Prefix of every namespace this tool creates (and is allowed to delete).
+pub const NS_PREFIX: &str = "xtb";
+/// Side-channel port of the servers.
+pub const PORT: u16 = 7470;
+
+/// The address of namespace host `i`.
+pub fn host_ip(i: usize) -> String {
+    format!("10.77.0.{}", i + 1)
+}
+
+fn ns(i: usize) -> String {
+    format!("{NS_PREFIX}-h{i}")
+}
+
+fn switch_ns() -> String {
+    format!("{NS_PREFIX}-sw")
+}
+
+/// Commands that build `n` namespace hosts joined by a bridge in a switch
+/// namespace, links shaped with tc.
+pub fn netns_setup(n: usize, rate: Option<&str>, delay: Option<&str>) -> Vec<Vec<String>> {
+    let mut cmds: Vec<Vec<String>> = Vec::new();
+    let mut c = |s: String| cmds.push(s.split_whitespace().map(String::from).collect());
+    let sw = switch_ns();
+    c(format!("ip netns add {sw}"));
+    c(format!("ip -n {sw} link set lo up"));
+    c(format!("ip -n {sw} link add br0 type bridge"));
+    c(format!("ip -n {sw} link set br0 up"));
+    for i in 0..n {
+        let h = ns(i);
+        c(format!("ip netns add {h}"));
+        c(format!("ip -n {h} link set lo up"));
+        c(format!(
+            "ip link add eth{i} netns {h} type veth peer name port{i} netns {sw}"
+        ));
+        c(format!("ip -n {h} addr add {}/24 dev eth{i}", host_ip(i)));
+        c(format!("ip -n {h} link set eth{i} up"));
+        c(format!("ip -n {sw} link set port{i} master br0"));
+        c(format!("ip -n {sw} link set port{i} up"));
+        match (rate, delay) {
+            (Some(r), None) => c(format!(
+                "ip netns exec {h} tc qdisc add dev eth{i} root tbf rate {r} burst 256kbit latency 100ms"
+            )),
+            (r, Some(d)) => {
+                let rate = r.map(|r| format!(" rate {r}")).unwrap_or_default();
+                c(format!(
+                    "ip netns exec {h} tc qdisc add dev eth{i} root netem delay {d}{rate}"
+                ))
+            }
+            (None, None) => {}
+        }
+    }
+    cmds
+}
+
+/// Commands that remove every namespace of this tool (also stale ones).
+pub fn netns_cleanup(existing: &str) -> Vec<Vec<String>> {
+    existing
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|name| name.starts_with(&format!("{NS_PREFIX}-")))
+        .map(|name| vec!["ip".into(), "netns".into(), "del".into(), name.to_string()])
+        .collect()
+}
+
+/// The server command of namespace host `i` and the driver command on host 0.
+pub fn netns_roles(
+    bin: &str,
+    n: usize,
+    mode: &str,
+    out: &str,
+    extra: &[String],
+) -> (Vec<Vec<String>>, Vec<String>) {
+    let servers = (1..n)
+        .map(|i| {
+            let mut v: Vec<String> = [
+                "ip",
+                "netns",
+                "exec",
+                &ns(i),
+                bin,
+                "serve",
+                "--once",
+                "--engines",
+                "1",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            v.extend([
+                "--listen".into(),
+                format!("{}:{PORT}", host_ip(i)),
+                "--bind".into(),
+                host_ip(i),
+                "--mode".into(),
+                mode.into(),
+            ]);
+            v.extend(extra.iter().cloned());
+            v
+        })
+        .collect();
+    let mut driver: Vec<String> = ["ip", "netns", "exec", &ns(0), bin, "run", "--bind"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    driver.push(host_ip(0));
+    for i in 1..n {
+        driver.extend(["--peer".into(), format!("{}:{PORT}", host_ip(i))]);
+    }
+    driver.extend(["--mode".into(), mode.into(), "--out".into(), out.into()]);
+    driver.extend(extra.iter().cloned());
+    (servers, driver)
+}
+
+/// ssh plan for real hosts: copy, serve on every host but the first, drive from the first, fetch results.
+pub fn hosts_plan(bin: &str, hosts: &[String], mode: &str, extra: &[String]) -> Vec<Vec<String>> {
+    let remote_bin = "/tmp/transfer-bench";
+    let mut plan = Vec::new();
+    for h in hosts {
+        plan.push(vec![
+            "scp".into(),
+            "-q".into(),
+            bin.into(),
+            format!("{h}:{remote_bin}"),
+        ]);
+    }
+    for h in hosts.iter().skip(1) {
+        let mut cmd =
+            format!("{remote_bin} serve --once --engines 1 --listen 0.0.0.0:{PORT} --mode {mode}");
+        for e in extra {
+            cmd.push(' ');
+            cmd.push_str(e);
+        }
+        plan.push(vec![
+            "ssh".into(),
+            "-f".into(),
+            h.clone(),
+            format!("nohup {cmd} > /tmp/transfer-bench-serve.log 2>&1 &"),
+        ]);
+    }
+    if let Some(driver) = hosts.first() {
+        let mut cmd = format!("{remote_bin} run --mode {mode} --out /tmp/transfer-bench-out");
+        for h in hosts.iter().skip(1) {
+            cmd.push_str(&format!(" --peer {h}:{PORT}"));
+        }
+        for e in extra {
+            cmd.push(' ');
+            cmd.push_str(e);
+        }
+        plan.push(vec!["ssh".into(), driver.clone(), cmd]);
+        plan.push(vec![
+            "scp".into(),
+            "-q".into(),
+            "-r".into(),
+            format!("{driver}:/tmp/transfer-bench-out/."),
+            "target/bench/hosts/".into(),
+        ]);
+    }
+    plan
+}
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_sigint(_: i32) {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+unsafe extern "C" {
+    fn signal(sig: i32, handler: extern "C" fn(i32)) -> usize;
+}
+
+fn run_cmd(cmd: &[String]) -> Result<(), String> {
+    let (prog, args) = cmd.split_first().ok_or("empty command")?;
+    let out = Command::new(prog)
+        .args(args)
+        .output()
+        .map_err(|e| format!("{}: {e}", cmd.join(" ")))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "`{}` failed: {}",
+            cmd.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// Deletes the lab's namespaces when dropped (success, error or Ctrl-C).
+struct Lab;
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        cleanup_namespaces();
+    }
+}
+
+fn cleanup_namespaces() {
+    if let Ok(out) = Command::new("ip").args(["netns", "list"]).output() {
+        for cmd in netns_cleanup(&String::from_utf8_lossy(&out.stdout)) {
+            let _ = run_cmd(&cmd);
+        }
+    }
+}
+
+struct Children(Vec<Child>);
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            if let Ok(None) = c.try_wait() {
+                let _ = c.kill();
+            }
+            let _ = c.wait();
+        }
+    }
+}
+
+fn release_binary() -> Result<PathBuf, String> {
+    step::cargo(
+        "build transfer-bench",
+        &["build", "--release", "-p", "transfer-bench"],
+    )?;
+    let target = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into());
+    let bin = Path::new(&target).join("release/transfer-bench");
+    std::fs::canonicalize(&bin).map_err(|e| format!("{}: {e}", bin.display()))
+}
+
+fn netns(a: &BenchArgs, n: usize) -> Result<(), String> {
+    // SAFETY: installs a handler that only stores to an atomic.
+    unsafe { signal(2, on_sigint) };
+    let bin = release_binary()?;
+    let bin = bin.to_string_lossy().into_owned();
+    cleanup_namespaces();
+    let lab = Lab;
+    for cmd in netns_setup(n, a.link_rate.as_deref(), a.link_delay.as_deref()) {
+        run_cmd(&cmd).map_err(|e| {
+            if cmd.iter().any(|w| w == "netem") {
+                format!("{e}\n(--link-delay needs the sch_netem kernel module, which this kernel lacks; --link-rate alone uses tbf)")
+            } else {
+                e
+            }
+        })?;
+    }
+    let mut extra = vec!["--provider".to_string(), "tcp".to_string()];
+    extra.extend(
+        a.passthrough
+            .iter()
+            .filter(|p| !matches!(p.as_str(), "--quick" | "--full"))
+            .cloned(),
+    );
+    if extra.iter().filter(|e| *e == "--provider").count() > 1 {
+        extra.drain(0..2);
+    }
+    let (servers, driver) = netns_roles(&bin, n, &a.mode, "target/bench/netns", &extra);
+    let mut children = Children(Vec::new());
+    for s in &servers {
+        let (prog, args) = s.split_first().ok_or("empty command")?;
+        children.0.push(
+            Command::new(prog)
+                .args(args)
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .map_err(|e| format!("{prog}: {e}"))?,
+        );
+    }
+    let (prog, args) = driver.split_first().ok_or("empty command")?;
+    let result = step::run(
+        &format!("bench across {n} namespace hosts"),
+        Command::new(prog).args(args),
+    );
+    drop(children);
+    drop(lab);
+    if INTERRUPTED.load(Ordering::SeqCst) {
+        return Err("interrupted; namespaces removed".into());
+    }
+    result
+}
+
+fn hosts(a: &BenchArgs) -> Result<(), String> {
+    let bin = release_binary()?;
+    std::fs::create_dir_all("target/bench/hosts").map_err(|e| e.to_string())?;
+    for cmd in hosts_plan(&bin.to_string_lossy(), &a.hosts, &a.mode, &a.passthrough) {
+        let (prog, args) = cmd.split_first().ok_or("empty command")?;
+        step::run(prog, Command::new(prog).args(args))?;
+    }
+    Ok(())
+}
+
+pub fn run(args: &[String]) -> Result<(), String> {
+    let a = parse(args)?;
+    deps::ensure(&deps::RUNTIME)?;
+    if let Some(n) = a.netns {
+        return netns(&a, n);
+    }
+    if !a.hosts.is_empty() {
+        return hosts(&a);
+    }
+    let mut cmd = vec![
+        "run",
+        "--release",
+        "--quiet",
+        "-p",
+        "transfer-bench",
+        "--",
+        "local",
+    ];
+    cmd.extend(a.passthrough.iter().map(String::as_str));
+    step::cargo("bench", &cmd)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(v: &[&str]) -> Vec<String> {
+        v.iter().map(|x| x.to_string()).collect()
+    }
+
+    #[test]
+    fn parses_modes_and_labs() {
+        assert_eq!(
+            parse(&s(&["--quick"])).map(|a| (a.mode, a.passthrough)),
+            Ok(("quick".into(), s(&["--quick"])))
+        );
+        let a = parse(&s(&[
+            "--netns",
+            "3",
+            "--link-rate",
+            "1gbit",
+            "--link-delay",
+            "1ms",
+        ]));
+        assert_eq!(a.as_ref().map(|a| a.netns), Ok(Some(3)));
+        assert_eq!(
+            a.as_ref().map(|a| a.link_rate.clone()),
+            Ok(Some("1gbit".into()))
+        );
+        assert!(parse(&s(&["--netns", "1"])).is_err());
+        assert!(parse(&s(&["--netns", "x"])).is_err());
+        assert!(parse(&s(&["--netns"])).is_err());
+        assert!(
+            parse(&s(&["--link-rate", "1gbit"])).is_err(),
+            "shaping without --netns"
+        );
+        assert!(parse(&s(&["--hosts", "a"])).is_err(), "one host");
+        assert!(parse(&s(&["--hosts", "a,b", "--netns", "2"])).is_err());
+        assert_eq!(
+            parse(&s(&["--hosts", "a, b,c"])).map(|a| a.hosts),
+            Ok(s(&["a", "b", "c"]))
+        );
+    }
+
+    #[test]
+    fn netns_plan_builds_every_host_and_only_ours() {
+        let cmds = netns_setup(3, Some("1gbit"), None);
+        let text: Vec<String> = cmds.iter().map(|c| c.join(" ")).collect();
+        for i in 0..3 {
+            assert!(text.contains(&format!("ip netns add xtb-h{i}")));
+            assert!(text.contains(&format!(
+                "ip -n xtb-h{i} addr add 10.77.0.{}/24 dev eth{i}",
+                i + 1
+            )));
+            assert!(
+                text.iter()
+                    .any(|t| t.contains(&format!("tc qdisc add dev eth{i} root tbf rate 1gbit")))
+            );
+        }
+        // Every command touches only namespaces of this tool.
+        for c in &cmds {
+            assert!(c.iter().any(|w| w.starts_with("xtb-")), "{c:?}");
+        }
+        let delayed = netns_setup(2, Some("1gbit"), Some("1ms"));
+        assert!(
+            delayed
+                .iter()
+                .any(|c| c.join(" ").ends_with("netem delay 1ms rate 1gbit"))
+        );
+        let cleanup = netns_cleanup("xtb-h0 (id: 3)\nother\nxtb-sw\nxtbfoo\n");
+        assert_eq!(
+            cleanup,
+            vec![
+                s(&["ip", "netns", "del", "xtb-h0"]),
+                s(&["ip", "netns", "del", "xtb-sw"])
+            ]
+        );
+    }
+
+    #[test]
+    fn roles_connect_the_driver_to_every_server() {
+        let (servers, driver) = netns_roles("/b", 4, "quick", "out", &s(&["--provider", "tcp"]));
+        assert_eq!(servers.len(), 3);
+        assert_eq!(
+            servers[0][..6],
+            s(&["ip", "netns", "exec", "xtb-h1", "/b", "serve"])
+        );
+        let d = driver.join(" ");
+        for i in 2..=4 {
+            assert!(d.contains(&format!("--peer 10.77.0.{i}:7470")), "{d}");
+        }
+        assert!(d.starts_with("ip netns exec xtb-h0 /b run --bind 10.77.0.1"));
+        let plan = hosts_plan("/b", &s(&["h1", "h2", "h3"]), "default", &[]);
+        let text: Vec<String> = plan.iter().map(|c| c.join(" ")).collect();
+        assert_eq!(
+            text.iter().filter(|t| t.starts_with("scp -q /b")).count(),
+            3
+        );
+        assert_eq!(text.iter().filter(|t| t.contains(" serve ")).count(), 2);
+        assert!(
+            text.iter()
+                .any(|t| t.starts_with("ssh h1 ") && t.contains("--peer h2:7470 --peer h3:7470"))
+        );
+    }
+}
