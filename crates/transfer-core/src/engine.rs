@@ -773,7 +773,12 @@ impl TransferEngine {
     /// The sender's view of [`TransferEngine::expected_imms`]: how many
     /// immediates one transfer of `shape` from this engine's group
     /// `my_group` delivers into `target`.
-    pub fn imms_delivered(&self, target: &RemoteTarget, my_group: usize, shape: WriteShape) -> Result<u64> {
+    pub fn imms_delivered(
+        &self,
+        target: &RemoteTarget,
+        my_group: usize,
+        shape: WriteShape,
+    ) -> Result<u64> {
         const CALL: &str = "imms_delivered";
         let mine = self.address.group(CALL, my_group)?;
         Ok(expected_imms(mine, target.region.nics.len(), shape))

@@ -185,6 +185,13 @@ fn single_write_case(nics: usize, len: usize, imm: Option<u32>) -> impl Fn(&dyn 
             let n = b
                 .expected_imms(a.address(), 0, 0, WriteShape::Single { len: len as u64 })
                 .map_err(ctx("expected_imms"))?;
+            let sent = a
+                .imms_delivered(&t, 0, WriteShape::Single { len: len as u64 })
+                .map_err(ctx("imms_delivered"))?;
+            ensure!(
+                sent == n,
+                "sender counts {sent} immediates, receiver expects {n}"
+            );
             b.wait_imm(imm, n, GUARD).map_err(ctx("wait_imm"))?;
             ensure!(
                 b.imm_value(imm) == 0,
