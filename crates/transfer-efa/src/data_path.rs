@@ -1,0 +1,637 @@
+//! `impl transfer_core::Domain for LibfabricDomain`: registration, peers,
+//! posting with backpressure, completion processing and peer death.
+//!
+//! Posting policy (as fabric-lib on EFA): each submit call posts one
+//! operation eagerly, so a lone request starts at once; the rest wait in a
+//! queue, drained by up to [`crate::Config::post_batch`] posts per poll
+//! pass. `-FI_EAGAIN` puts the operation back at the queue's head and ends
+//! the pass: nothing is ever dropped.
+
+use std::time::{Duration, Instant};
+
+use transfer_core::{
+    BackendKind, Domain, DomainEvent, DomainInfo, DomainMr, MemoryLocation, MemorySpan, NicAddress,
+    OpToken, Ordering, PeerId, RecvToken, Registration, RemoteKey, RemoteNicRegion, Result,
+    TransferError, WriteOp,
+};
+
+use crate::address;
+use crate::context::{SendPayload, SlotKind};
+use crate::cq::CqRead;
+use crate::domain::{LibfabricDomain, Pending, PendingRecv};
+use crate::mr::MemoryRegistration;
+use crate::sys;
+
+/// Why a post did not happen.
+enum PostError {
+    /// The provider's queue is full: retry on a later poll.
+    Again,
+    /// The operation failed for good.
+    Fail(TransferError),
+}
+
+/// CQ reads per poll pass (each up to 64 entries), so one pass is bounded.
+const CQ_READS_PER_POLL: usize = 8;
+
+/// Error codes that mean the peer cannot be reached any more.
+fn is_connection_error(code: i32) -> bool {
+    [
+        libc::ECONNREFUSED,
+        libc::ECONNRESET,
+        libc::ECONNABORTED,
+        libc::EHOSTUNREACH,
+        libc::EHOSTDOWN,
+        libc::ENETUNREACH,
+        libc::ETIMEDOUT,
+        libc::ENOTCONN,
+        libc::EPIPE,
+    ]
+    .contains(&code)
+}
+
+impl LibfabricDomain {
+    fn eagain(ret: isize) -> bool {
+        ret == -(sys::FI_EAGAIN as isize)
+    }
+
+    fn post_write(&mut self, op: u64, w: &WriteOp) -> Result<(), PostError> {
+        const CALL: &str = "fi_writemsg";
+        let dest = self.peers.fi_addr(CALL, w.peer).map_err(PostError::Fail)?;
+        let desc = self
+            .mrs
+            .get(&w.local_mr.0)
+            .ok_or(PostError::Fail(TransferError::RegionUnregistered {
+                call: CALL,
+            }))?
+            .desc();
+        let ctx = self.slots.alloc(SlotKind::Write { op, peer: w.peer });
+        // SAFETY: the local span lies inside a live registration (checked at
+        // submit; the engine keeps it registered until Completed), `dest`
+        // comes from our AV, and `ctx` is a slot that lives until its
+        // completion is read or the endpoint is closed.
+        let ret = unsafe {
+            self.ep.write(
+                w.local,
+                w.len,
+                desc,
+                dest,
+                w.remote_addr,
+                w.remote_key.0,
+                w.imm,
+                ctx,
+                if w.len == 0 { 0 } else { self.write_flags },
+            )
+        };
+        if ret == 0 {
+            return Ok(());
+        }
+        self.slots.take(ctx);
+        if Self::eagain(ret) {
+            Err(PostError::Again)
+        } else {
+            Err(PostError::Fail(self.lib.error(CALL, ret)))
+        }
+    }
+
+    /// Posts a send; on failure hands the message back.
+    fn post_send(
+        &mut self,
+        op: u64,
+        peer: PeerId,
+        data: Vec<u8>,
+    ) -> Result<(), (PostError, Vec<u8>)> {
+        const CALL: &str = "fi_send";
+        let dest = match self.peers.fi_addr(CALL, peer) {
+            Ok(d) => d,
+            Err(e) => return Err((PostError::Fail(e), data)),
+        };
+        let len = data.len();
+        let (buf, desc, payload) = if self.mr_mode & sys::FI_MR_LOCAL == 0 {
+            let buf = data.as_ptr();
+            (buf, std::ptr::null_mut(), SendPayload::Owned(data))
+        } else if let Some((slot, buf, desc)) = self.bounce.as_mut().and_then(|b| b.take(&data)) {
+            (buf, desc, SendPayload::Bounce(slot))
+        } else {
+            let key = self.take_key();
+            let ep = (self.mr_mode & sys::FI_MR_ENDPOINT != 0).then_some(&self.ep);
+            match MemoryRegistration::register(&self.domain, data.as_ptr(), len.max(1), key, ep) {
+                Ok(mr) => {
+                    let buf = data.as_ptr();
+                    let desc = mr.desc();
+                    (buf, desc, SendPayload::Registered(mr, data))
+                }
+                Err(e) => return Err((PostError::Fail(e), data)),
+            }
+        };
+        let ctx = self.slots.alloc(SlotKind::Send { op, peer, payload });
+        // SAFETY: `buf` points into the payload now owned by the slot (a
+        // Vec's heap buffer or a bounce slot, neither moves), described by
+        // `desc`; the slot lives until the completion.
+        let ret = unsafe { self.ep.send(buf, len, desc, dest, ctx) };
+        if ret == 0 {
+            return Ok(());
+        }
+        let err = if Self::eagain(ret) {
+            PostError::Again
+        } else {
+            PostError::Fail(self.lib.error(CALL, ret))
+        };
+        let data = match self.slots.take(ctx) {
+            Some(SlotKind::Send { payload, .. }) => self.release_payload(payload),
+            _ => None,
+        };
+        Err((err, data.unwrap_or_default()))
+    }
+
+    /// Frees a send payload; returns the caller's bytes when it held them.
+    fn release_payload(&mut self, payload: SendPayload) -> Option<Vec<u8>> {
+        match payload {
+            SendPayload::Owned(v) => Some(v),
+            SendPayload::Bounce(slot) => {
+                if let Some(b) = self.bounce.as_mut() {
+                    b.give_back(slot);
+                }
+                None
+            }
+            SendPayload::Registered(mr, v) => {
+                drop(mr);
+                Some(v)
+            }
+        }
+    }
+
+    fn post_recv_now(&mut self, r: &PendingRecv) -> Result<(), PostError> {
+        const CALL: &str = "fi_recv";
+        let desc = self
+            .mrs
+            .get(&r.mr.0)
+            .ok_or(PostError::Fail(TransferError::RegionUnregistered {
+                call: CALL,
+            }))?
+            .desc();
+        let ctx = self.slots.alloc(SlotKind::Recv {
+            token: r.token,
+            mr: r.mr,
+            buf: r.buf,
+            len: r.len,
+        });
+        // SAFETY: the buffer lies in a live registration (checked by
+        // post_recv); the engine keeps it untouched until `Received`.
+        let ret = unsafe { self.ep.recv(r.buf, r.len, desc, ctx) };
+        if ret == 0 {
+            return Ok(());
+        }
+        self.slots.take(ctx);
+        if Self::eagain(ret) {
+            Err(PostError::Again)
+        } else {
+            Err(PostError::Fail(self.lib.error(CALL, ret)))
+        }
+    }
+
+    fn take_key(&mut self) -> u64 {
+        let k = self.next_key;
+        self.next_key += 1;
+        k
+    }
+
+    fn finish(&mut self, op: u64, result: Result<()>, was_posted: bool) {
+        if let Some(ev) = self.ops.finish_one(op, result, was_posted, Instant::now()) {
+            self.ready.push(ev);
+        }
+    }
+
+    /// Posts one queued item; `false` when the provider is full.
+    fn post_pending(&mut self, pending: Pending) -> bool {
+        match pending {
+            Pending::Write { op, write } => {
+                if !self.ops.is_live(op) {
+                    return true;
+                }
+                if self.ops.has_failed(op) {
+                    self.finish(op, Ok(()), false);
+                    return true;
+                }
+                match self.post_write(op, &write) {
+                    Ok(()) => {
+                        self.ops.posted(op, Instant::now());
+                        true
+                    }
+                    Err(PostError::Again) => {
+                        self.queue.push_front(Pending::Write { op, write });
+                        false
+                    }
+                    Err(PostError::Fail(e)) => {
+                        self.finish(op, Err(e), false);
+                        true
+                    }
+                }
+            }
+            Pending::Send { op, peer, data } => {
+                if !self.ops.is_live(op) {
+                    return true;
+                }
+                match self.post_send(op, peer, data) {
+                    Ok(()) => {
+                        self.ops.posted(op, Instant::now());
+                        true
+                    }
+                    Err((PostError::Again, data)) => {
+                        self.queue.push_front(Pending::Send { op, peer, data });
+                        false
+                    }
+                    Err((PostError::Fail(e), _)) => {
+                        self.finish(op, Err(e), false);
+                        true
+                    }
+                }
+            }
+        }
+    }
+
+    /// Posts queued work, up to `limit` items.
+    fn drain_queue(&mut self, limit: usize) {
+        for _ in 0..limit {
+            let Some(p) = self.queue.pop_front() else {
+                break;
+            };
+            if !self.post_pending(p) {
+                break;
+            }
+        }
+        while let Some(r) = self.recv_queue.pop_front() {
+            match self.post_recv_now(&r) {
+                Ok(()) => {}
+                Err(PostError::Again) => {
+                    self.recv_queue.push_front(r);
+                    break;
+                }
+                // The region went away: the buffer leaves service.
+                Err(PostError::Fail(_)) => {}
+            }
+        }
+    }
+
+    fn on_completion(&mut self, e: &sys::fi_cq_data_entry) {
+        let kind = self.slots.take(e.op_context);
+        let remote_data = e.flags & sys::FI_REMOTE_CQ_DATA != 0;
+        let remote_write = e.flags & (sys::FI_RMA | sys::FI_REMOTE_WRITE) != 0;
+        match kind {
+            None => {
+                if remote_data {
+                    self.ready.push(DomainEvent::Imm { imm: e.data as u32 });
+                }
+            }
+            Some(SlotKind::Write { op, .. }) => self.finish(op, Ok(()), true),
+            Some(SlotKind::Send { op, payload, .. }) => {
+                self.release_payload(payload);
+                self.finish(op, Ok(()), true);
+            }
+            Some(SlotKind::Recv {
+                token,
+                mr,
+                buf,
+                len,
+            }) => {
+                if remote_data && remote_write {
+                    // A receive consumed by remote CQ data (FI_RX_CQ_DATA
+                    // semantics): deliver the immediate, put the buffer back.
+                    self.ready.push(DomainEvent::Imm { imm: e.data as u32 });
+                    self.recv_queue.push_back(PendingRecv {
+                        token,
+                        mr,
+                        buf,
+                        len,
+                    });
+                } else {
+                    self.ready.push(DomainEvent::Received { token, len: e.len });
+                }
+            }
+            Some(SlotKind::Raw) => {}
+        }
+        self.last_completion = Instant::now();
+    }
+
+    fn on_error(&mut self, e: &sys::fi_cq_err_entry, message: String) {
+        let kind = self.slots.take(e.op_context);
+        let error = |call| TransferError::Backend {
+            call,
+            backend: BackendKind::Libfabric,
+            code: e.err,
+            message: message.clone(),
+        };
+        match kind {
+            Some(SlotKind::Write { op, peer }) => {
+                if is_connection_error(e.err) || is_connection_error(e.prov_errno) {
+                    self.kill_peer(peer, format!("fi_writemsg: {message}"));
+                }
+                self.finish(op, Err(error("fi_writemsg")), true);
+            }
+            Some(SlotKind::Send { op, peer, payload }) => {
+                self.release_payload(payload);
+                if is_connection_error(e.err) || is_connection_error(e.prov_errno) {
+                    self.kill_peer(peer, format!("fi_send: {message}"));
+                }
+                self.finish(op, Err(error("fi_send")), true);
+            }
+            Some(SlotKind::Recv {
+                token,
+                mr,
+                buf,
+                len,
+            }) => {
+                // The trait has no receive-failure event: a failed receive
+                // (e.g. truncation) loses that message, and the buffer goes
+                // back into service. Cancelled receives are not reposted.
+                if e.err != libc::ECANCELED {
+                    self.recv_queue.push_back(PendingRecv {
+                        token,
+                        mr,
+                        buf,
+                        len,
+                    });
+                }
+            }
+            Some(SlotKind::Raw) | None => {}
+        }
+        self.last_completion = Instant::now();
+    }
+
+    /// Marks a peer dead and fails every call with work posted to it.
+    fn kill_peer(&mut self, peer: PeerId, reason: String) {
+        if self.peers.is_dead(peer) {
+            return;
+        }
+        self.peers.mark_dead(peer, reason.clone());
+        let ops: Vec<u64> = self
+            .slots
+            .posted()
+            .filter_map(|k| match k {
+                SlotKind::Write { op, peer: p } | SlotKind::Send { op, peer: p, .. }
+                    if *p == peer =>
+                {
+                    Some(*op)
+                }
+                _ => None,
+            })
+            .collect();
+        for op in ops {
+            let err = TransferError::PeerUnreachable {
+                call: "libfabric transfer",
+                reason: reason.clone(),
+            };
+            if let Some(ev) = self.ops.abort(op, err) {
+                self.ready.push(ev);
+            }
+        }
+    }
+
+    fn check_timeouts(&mut self) {
+        let now = Instant::now();
+        let limit = self.config.peer_timeout;
+        let every = (limit / 8).min(Duration::from_millis(50));
+        if now.saturating_duration_since(self.last_timeout_check) < every || self.ops.is_empty() {
+            return;
+        }
+        self.last_timeout_check = now;
+        let millis = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX);
+        for id in self.ops.overdue(now, limit, self.last_completion) {
+            let peers: Vec<PeerId> = self
+                .slots
+                .posted()
+                .filter_map(|k| match k {
+                    SlotKind::Write { op, peer } | SlotKind::Send { op, peer, .. } if *op == id => {
+                        Some(*peer)
+                    }
+                    _ => None,
+                })
+                .collect();
+            let err = TransferError::Timeout {
+                call: "libfabric transfer",
+                millis,
+            };
+            if let Some(ev) = self.ops.abort(id, err) {
+                self.ready.push(ev);
+            }
+            for p in peers {
+                self.kill_peer(p, format!("no completion within {millis} ms"));
+            }
+        }
+    }
+
+    fn read_cq(&mut self) {
+        let mut buf = std::mem::take(&mut self.cq_buf);
+        for _ in 0..CQ_READS_PER_POLL {
+            match self.cq.read(&mut buf) {
+                CqRead::Entries(n) => {
+                    for e in buf.iter().take(n) {
+                        self.on_completion(e);
+                    }
+                    if n < buf.len() {
+                        break;
+                    }
+                }
+                CqRead::Empty => break,
+                CqRead::ErrorAvailable => match self.cq.read_error() {
+                    Some((e, msg)) => self.on_error(&e, msg),
+                    None => break,
+                },
+                CqRead::Failed(_) => break,
+            }
+        }
+        self.cq_buf = buf;
+    }
+
+    fn fail_now(&mut self, op: OpToken, error: TransferError) {
+        self.ready.push(DomainEvent::Completed {
+            op,
+            result: Err(error),
+        });
+    }
+
+    fn check_write(&self, w: &WriteOp) -> Result<()> {
+        const CALL: &str = "submit_writes";
+        self.peers.fi_addr(CALL, w.peer)?;
+        let mr = self
+            .mrs
+            .get(&w.local_mr.0)
+            .ok_or(TransferError::RegionUnregistered { call: CALL })?;
+        if w.len > 0 && !mr.contains(w.local as usize, w.len) {
+            return Err(TransferError::invalid(
+                CALL,
+                format!(
+                    "local span of {} bytes lies outside its registration",
+                    w.len
+                ),
+            ));
+        }
+        if w.len as u64 > self.max_write {
+            return Err(TransferError::invalid(
+                CALL,
+                format!(
+                    "write of {} bytes exceeds the provider's {}",
+                    w.len, self.max_write
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Domain for LibfabricDomain {
+    fn backend(&self) -> BackendKind {
+        BackendKind::Libfabric
+    }
+
+    fn info(&self) -> DomainInfo {
+        DomainInfo {
+            name: self.info.domain_name(),
+            provider: self.info.provider_name(),
+            link_speed_bps: self.info.link_speed_bps(),
+            numa_node: None,
+            // tcp, shm and udp deliver in order on one connection, but EFA
+            // (SRD) does not, and rxm may spread a peer over several
+            // connections after a reconnect; the engine is correct either
+            // way, so never promise order.
+            ordering: Ordering::Unordered,
+            max_write_size: self.max_write,
+        }
+    }
+
+    fn address(&self) -> NicAddress {
+        self.address.clone()
+    }
+
+    fn register(&mut self, span: MemorySpan) -> Result<Registration> {
+        const CALL: &str = "register";
+        if span.ptr.is_null() || span.len == 0 {
+            return Err(TransferError::invalid(CALL, "empty span"));
+        }
+        if let MemoryLocation::Cuda { .. } = span.location {
+            return Err(TransferError::invalid(
+                CALL,
+                "device memory needs FI_HMEM registration (fi_mr_regattr), not supported by this backend yet",
+            ));
+        }
+        let key = if self.mr_mode & sys::FI_MR_PROV_KEY != 0 {
+            0
+        } else {
+            self.take_key()
+        };
+        let ep = (self.mr_mode & sys::FI_MR_ENDPOINT != 0).then_some(&self.ep);
+        let mr = MemoryRegistration::register(&self.domain, span.ptr, span.len, key, ep)?;
+        let remote = RemoteNicRegion {
+            base: if self.virt_addr() { span.ptr as u64 } else { 0 },
+            key: RemoteKey(mr.key()),
+        };
+        self.next_mr += 1;
+        let id = DomainMr(self.next_mr);
+        self.mrs.insert(id.0, mr);
+        Ok(Registration { mr: id, remote })
+    }
+
+    fn unregister(&mut self, mr: DomainMr) -> Result<()> {
+        self.mrs
+            .remove(&mr.0)
+            .map(drop)
+            .ok_or(TransferError::RegionUnregistered { call: "unregister" })
+    }
+
+    fn resolve_peer(&mut self, addr: &NicAddress) -> Result<PeerId> {
+        let raw = address::decode(&self.format, addr)?;
+        if let Some(id) = self.peers.cached(raw) {
+            return Ok(id);
+        }
+        let fi_addr = self.av.insert(raw)?;
+        Ok(self.peers.add(raw, fi_addr))
+    }
+
+    fn remove_peer(&mut self, peer: PeerId) {
+        if let Some(fi_addr) = self.peers.remove(peer) {
+            // A failed removal leaves a stale AV entry nobody refers to.
+            let _ = self.av.remove(fi_addr);
+        }
+    }
+
+    fn post_recv(
+        &mut self,
+        token: RecvToken,
+        mr: DomainMr,
+        buf: *mut u8,
+        len: usize,
+    ) -> Result<()> {
+        const CALL: &str = "post_recv";
+        let reg = self
+            .mrs
+            .get(&mr.0)
+            .ok_or(TransferError::RegionUnregistered { call: CALL })?;
+        if !reg.contains(buf as usize, len) {
+            return Err(TransferError::invalid(
+                CALL,
+                "receive buffer lies outside its registration",
+            ));
+        }
+        let r = PendingRecv {
+            token,
+            mr,
+            buf,
+            len,
+        };
+        match self.post_recv_now(&r) {
+            Ok(()) => Ok(()),
+            Err(PostError::Again) => {
+                self.recv_queue.push_back(r);
+                Ok(())
+            }
+            Err(PostError::Fail(e)) => Err(e),
+        }
+    }
+
+    fn submit_send(&mut self, op: OpToken, peer: PeerId, data: Vec<u8>) {
+        const CALL: &str = "submit_send";
+        if let Err(e) = self.peers.fi_addr(CALL, peer) {
+            return self.fail_now(op, e);
+        }
+        if data.len() as u64 > self.max_write {
+            return self.fail_now(
+                op,
+                TransferError::invalid(CALL, "message exceeds the provider's maximum"),
+            );
+        }
+        let id = self.ops.start(op, 1, Instant::now());
+        self.post_pending(Pending::Send { op: id, peer, data });
+    }
+
+    fn submit_writes(&mut self, op: OpToken, writes: &[WriteOp]) {
+        if writes.is_empty() {
+            self.ready
+                .push(DomainEvent::Completed { op, result: Ok(()) });
+            return;
+        }
+        if let Some(e) = writes.iter().find_map(|w| self.check_write(w).err()) {
+            return self.fail_now(op, e);
+        }
+        let id = self.ops.start(op, writes.len(), Instant::now());
+        let mut iter = writes.iter();
+        if let Some(first) = iter.next() {
+            self.post_pending(Pending::Write {
+                op: id,
+                write: *first,
+            });
+        }
+        for w in iter {
+            self.queue.push_back(Pending::Write { op: id, write: *w });
+        }
+    }
+
+    fn poll(&mut self, events: &mut Vec<DomainEvent>) {
+        self.read_cq();
+        self.drain_queue(self.config.post_batch.max(1));
+        self.check_timeouts();
+        events.append(&mut self.ready);
+    }
+
+    fn has_pending(&self) -> bool {
+        !self.ops.is_empty() || !self.queue.is_empty() || !self.ready.is_empty()
+    }
+}

@@ -1,0 +1,298 @@
+//! [`LibfabricDomain`]: one NIC (one `fi_info` entry) opened for the engine,
+//! and the functions that open them.
+//!
+//! # Remote CQ data and posted receives
+//! Providers with the FI_RX_CQ_DATA mode consume a posted receive for
+//! every write that carries remote CQ data. This crate does not offer that
+//! mode in its hints, so `fi_getinfo` only returns entries whose remote CQ
+//! data arrives without a receive (all of tcp, shm, udp, sockets and efa's
+//! RDM endpoint on libfabric 1.17); an entry that would still require it
+//! is skipped as unusable. That keeps message receives (posted by the
+//! engine) and immediates apart: a dedicated pool of small receives would
+//! otherwise also catch messages, which untagged matching cannot prevent.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Instant;
+
+use transfer_core::{DomainEvent, DomainMr, NicAddress, RecvToken, Result, WriteOp};
+
+use crate::address::{self, AddressFormat};
+use crate::av::AddressVector;
+use crate::bounce::BounceSlab;
+use crate::config::Config;
+use crate::context::SlotPool;
+use crate::cq::CompletionQueue;
+use crate::endpoint::Endpoint;
+use crate::fabric::{Fabric, FiDomain};
+use crate::info::{self, OwnedInfo};
+use crate::library::Library;
+use crate::mr::MemoryRegistration;
+use crate::ops::Ops;
+use crate::peers::Peers;
+use crate::provider::Provider;
+use crate::sys;
+
+/// Work accepted but not yet handed to the provider.
+pub(crate) enum Pending {
+    /// One write of a submit call.
+    Write {
+        /// Internal op id.
+        op: u64,
+        /// The write.
+        write: WriteOp,
+    },
+    /// A send.
+    Send {
+        /// Internal op id.
+        op: u64,
+        /// Destination.
+        peer: transfer_core::PeerId,
+        /// The message.
+        data: Vec<u8>,
+    },
+}
+
+/// A receive waiting to be (re)posted.
+pub(crate) struct PendingRecv {
+    pub(crate) token: RecvToken,
+    pub(crate) mr: DomainMr,
+    pub(crate) buf: *mut u8,
+    pub(crate) len: usize,
+}
+
+/// One libfabric NIC as a [`transfer_core::Domain`].
+///
+/// Owns its fabric, domain, CQ, AV and endpoint. Field order is drop
+/// order: the endpoint closes first (cancelling what is in flight), then
+/// the contexts and registrations it used, then CQ, AV, domain, fabric.
+pub struct LibfabricDomain {
+    pub(crate) ep: Endpoint,
+    pub(crate) slots: SlotPool,
+    pub(crate) mrs: HashMap<u64, MemoryRegistration>,
+    pub(crate) bounce: Option<BounceSlab>,
+    pub(crate) cq: CompletionQueue,
+    pub(crate) av: AddressVector,
+    pub(crate) domain: FiDomain,
+    _fabric: Fabric,
+    pub(crate) info: OwnedInfo,
+    pub(crate) lib: Arc<Library>,
+
+    pub(crate) config: Config,
+    pub(crate) mr_mode: i32,
+    pub(crate) format: AddressFormat,
+    pub(crate) address: NicAddress,
+    pub(crate) max_write: u64,
+    pub(crate) write_flags: u64,
+    pub(crate) next_mr: u64,
+    pub(crate) next_key: u64,
+    pub(crate) peers: Peers,
+    pub(crate) ops: Ops,
+    pub(crate) queue: VecDeque<Pending>,
+    pub(crate) recv_queue: VecDeque<PendingRecv>,
+    pub(crate) ready: Vec<DomainEvent>,
+    pub(crate) last_completion: Instant,
+    pub(crate) last_timeout_check: Instant,
+    pub(crate) cq_buf: Vec<sys::fi_cq_data_entry>,
+}
+
+// SAFETY: every libfabric object here is owned exclusively by this value
+// and only touched through `&mut self` (or in Drop), so at most one thread
+// uses the domain at a time, which is what FI_THREAD_DOMAIN requires; none
+// of the objects is bound to the thread that opened it. The raw pointers in
+// queued receives point into memory the engine keeps registered.
+unsafe impl Send for LibfabricDomain {}
+
+impl std::fmt::Debug for LibfabricDomain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LibfabricDomain")
+            .field("provider", &self.info.provider_name())
+            .field("domain", &self.info.domain_name())
+            .field("mr_mode", &self.mr_mode)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The provider to use when the config names none: `TRANSFER_PROVIDER`,
+/// else EFA when this machine has it, else `tcp`.
+///
+/// `tcp` (`tcp;ofi_rxm`) is the fallback because it works everywhere a
+/// network does: between processes and between hosts, over any interface,
+/// with the same RDM + RMA + remote-CQ-data call path as EFA. `shm` is
+/// faster but reaches only processes on the same host, so as a silent
+/// default it would turn a multi-host setup into a failure at resolve time.
+pub fn default_provider(lib: &Arc<Library>) -> Provider {
+    if let Some(p) = Provider::from_env() {
+        return p;
+    }
+    if info::provider_available(lib, &Provider::Efa) {
+        Provider::Efa
+    } else {
+        Provider::Tcp
+    }
+}
+
+fn provider_of(lib: &Arc<Library>, config: &Config) -> Provider {
+    config
+        .provider
+        .clone()
+        .unwrap_or_else(|| default_provider(lib))
+}
+
+/// Opens one [`LibfabricDomain`] per NIC (distinct `fi_info` domain) the
+/// provider offers.
+pub fn open_domains(config: &Config) -> Result<Vec<LibfabricDomain>> {
+    let lib = Library::load()?;
+    open_domains_with(&lib, config)
+}
+
+/// [`open_domains`] with an already loaded library.
+pub fn open_domains_with(lib: &Arc<Library>, config: &Config) -> Result<Vec<LibfabricDomain>> {
+    let provider = provider_of(lib, config);
+    info::get_info(lib, &provider, config)?
+        .into_iter()
+        .map(|info| LibfabricDomain::open(info, config))
+        .collect()
+}
+
+/// Opens `n` independent domains (each its own fabric, domain and
+/// endpoint) on the first NIC of the provider: on tcp or shm one NIC is one
+/// domain, so this is how tests and single-host benchmarks get N real
+/// endpoints for multi-domain sharding. Use [`Config::loopback`] to stay on
+/// `127.0.0.1`.
+pub fn open_loopback_domains(config: &Config, n: usize) -> Result<Vec<LibfabricDomain>> {
+    let lib = Library::load()?;
+    let provider = provider_of(&lib, config);
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let info = info::get_info(&lib, &provider, config)?
+            .into_iter()
+            .next()
+            .ok_or_else(|| {
+                transfer_core::TransferError::invalid("open_loopback_domains", "no NIC")
+            })?;
+        out.push(LibfabricDomain::open(info, config)?);
+    }
+    Ok(out)
+}
+
+impl LibfabricDomain {
+    pub(crate) fn open(info: OwnedInfo, config: &Config) -> Result<Self> {
+        let lib = info.library().clone();
+        let fabric = Fabric::open(&info)?;
+        let domain = FiDomain::open(&fabric, &info)?;
+        let cq = CompletionQueue::open(&domain, config.cq_size.max(64))?;
+        let av = AddressVector::open(&domain, info.av_type())?;
+        let ep = Endpoint::open(&domain, &info, &cq, &av)?;
+        let mr_mode = info.mr_mode();
+        let raw = ep.name()?;
+        let format = AddressFormat {
+            provider: info.provider_name(),
+            addr_format: info.addr_format(),
+            raw_len: raw.len(),
+        };
+        let address = address::encode(&format, &raw);
+        let mut next_key = 1;
+        let bounce = if mr_mode & sys::FI_MR_LOCAL != 0 {
+            let ep_bind = (mr_mode & sys::FI_MR_ENDPOINT != 0).then_some(&ep);
+            let slab = BounceSlab::new(
+                &domain,
+                config.send_slots,
+                config.send_slot_size,
+                next_key,
+                ep_bind,
+            )?;
+            next_key += 1;
+            Some(slab)
+        } else {
+            None
+        };
+        let now = Instant::now();
+        Ok(Self {
+            ep,
+            slots: SlotPool::default(),
+            mrs: HashMap::new(),
+            bounce,
+            cq,
+            av,
+            domain,
+            _fabric: fabric,
+            max_write: info.max_msg_size(),
+            write_flags: if config
+                .delivery_complete
+                .unwrap_or(info.provider_name() != "shm")
+            {
+                sys::FI_DELIVERY_COMPLETE
+            } else {
+                0
+            },
+            info,
+            lib,
+            config: config.clone(),
+            mr_mode,
+            format,
+            address,
+            next_mr: 0,
+            next_key,
+            peers: Peers::default(),
+            ops: Ops::default(),
+            queue: VecDeque::new(),
+            recv_queue: VecDeque::new(),
+            ready: Vec::new(),
+            last_completion: now,
+            last_timeout_check: now,
+            cq_buf: (0..64)
+                .map(|_| sys::fi_cq_data_entry {
+                    op_context: std::ptr::null_mut(),
+                    flags: 0,
+                    len: 0,
+                    buf: std::ptr::null_mut(),
+                    data: 0,
+                })
+                .collect(),
+        })
+    }
+
+    /// The provider's name as libfabric reports it (e.g. `tcp;ofi_rxm`).
+    pub fn provider_name(&self) -> String {
+        self.info.provider_name()
+    }
+
+    /// The fabric name (e.g. `127.0.0.1/32`).
+    pub fn fabric_name(&self) -> String {
+        self.info.fabric_name()
+    }
+
+    /// The mr_mode bits the provider returned (FI_MR_*).
+    pub fn mr_mode(&self) -> i32 {
+        self.mr_mode
+    }
+
+    /// Whether remote addresses are virtual addresses (FI_MR_VIRT_ADDR);
+    /// otherwise they are offsets into the region.
+    pub fn virt_addr(&self) -> bool {
+        self.mr_mode & sys::FI_MR_VIRT_ADDR != 0
+    }
+
+    /// The libfabric API version in use.
+    pub fn api_version(&self) -> String {
+        self.lib.version_string()
+    }
+
+    /// Transmit queue depth the provider reported.
+    pub fn tx_queue_size(&self) -> usize {
+        self.info.tx_size()
+    }
+
+    /// Whether writes use FI_DELIVERY_COMPLETE, so that a write refused by
+    /// the target (wrong key, out of range) completes with an error; see
+    /// [`Config::delivery_complete`].
+    pub fn reports_remote_errors(&self) -> bool {
+        self.write_flags & sys::FI_DELIVERY_COMPLETE != 0
+    }
+
+    /// Number of submit calls in flight.
+    pub fn ops_in_flight(&self) -> usize {
+        self.ops.len()
+    }
+}

@@ -1,0 +1,86 @@
+//! Resolved peers: AV entries, the address cache, and dead-peer marks.
+
+use std::collections::HashMap;
+
+use transfer_core::{PeerId, Result, TransferError};
+
+use crate::sys;
+
+/// One resolved peer NIC.
+pub(crate) struct Peer {
+    /// Its AV entry.
+    pub(crate) fi_addr: sys::fi_addr_t,
+    /// The raw provider address it was resolved from.
+    pub(crate) raw: Vec<u8>,
+    /// Why it is considered dead, once it is.
+    pub(crate) dead: Option<String>,
+}
+
+/// Peers of one domain.
+#[derive(Default)]
+pub(crate) struct Peers {
+    next: u64,
+    by_id: HashMap<u64, Peer>,
+    by_raw: HashMap<Vec<u8>, PeerId>,
+}
+
+impl Peers {
+    /// The peer already resolved from `raw`, if any.
+    pub(crate) fn cached(&self, raw: &[u8]) -> Option<PeerId> {
+        self.by_raw.get(raw).copied()
+    }
+
+    /// Records a freshly inserted peer.
+    pub(crate) fn add(&mut self, raw: &[u8], fi_addr: sys::fi_addr_t) -> PeerId {
+        self.next += 1;
+        let id = PeerId(self.next);
+        self.by_id.insert(
+            id.0,
+            Peer {
+                fi_addr,
+                raw: raw.to_vec(),
+                dead: None,
+            },
+        );
+        self.by_raw.insert(raw.to_vec(), id);
+        id
+    }
+
+    /// Forgets a peer; returns its AV entry.
+    pub(crate) fn remove(&mut self, id: PeerId) -> Option<sys::fi_addr_t> {
+        let peer = self.by_id.remove(&id.0)?;
+        if self.by_raw.get(&peer.raw) == Some(&id) {
+            self.by_raw.remove(&peer.raw);
+        }
+        Some(peer.fi_addr)
+    }
+
+    /// The AV entry of a live peer, or why it cannot be used.
+    pub(crate) fn fi_addr(&self, call: &'static str, id: PeerId) -> Result<sys::fi_addr_t> {
+        match self.by_id.get(&id.0) {
+            None => Err(TransferError::PeerUnreachable {
+                call,
+                reason: format!("peer {} is not resolved on this domain (removed?)", id.0),
+            }),
+            Some(Peer {
+                dead: Some(reason), ..
+            }) => Err(TransferError::PeerUnreachable {
+                call,
+                reason: reason.clone(),
+            }),
+            Some(p) => Ok(p.fi_addr),
+        }
+    }
+
+    /// Marks a peer dead (first reason wins).
+    pub(crate) fn mark_dead(&mut self, id: PeerId, reason: String) {
+        if let Some(p) = self.by_id.get_mut(&id.0) {
+            p.dead.get_or_insert(reason);
+        }
+    }
+
+    /// Whether the peer is marked dead.
+    pub(crate) fn is_dead(&self, id: PeerId) -> bool {
+        self.by_id.get(&id.0).is_some_and(|p| p.dead.is_some())
+    }
+}

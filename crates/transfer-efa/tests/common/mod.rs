@@ -1,0 +1,120 @@
+//! Shared helpers for the integration tests.
+#![allow(dead_code)]
+
+use std::time::{Duration, Instant};
+
+use transfer_core::{
+    Domain, DomainEvent, DomainMr, MemoryLocation, MemorySpan, OpToken, PeerId, RemoteNicRegion,
+    Result, WriteOp,
+};
+use transfer_efa::{Config, LibfabricDomain, Library, Provider, open_loopback_domains};
+
+/// Failure guard only (never a timed assertion).
+pub const GUARD: Duration = Duration::from_secs(60);
+
+/// Opens `n` loopback domains, or explains why the test is skipped.
+pub fn open(provider: Provider, n: usize) -> Option<Vec<LibfabricDomain>> {
+    open_with(Config::loopback(provider), n)
+}
+
+/// As [`open`] with a config.
+pub fn open_with(config: Config, n: usize) -> Option<Vec<LibfabricDomain>> {
+    if let Err(e) = Library::load() {
+        eprintln!("SKIP: libfabric cannot be loaded: {e}");
+        return None;
+    }
+    match open_loopback_domains(&config, n) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            eprintln!("SKIP: provider {:?} unavailable: {e}", config.provider);
+            None
+        }
+    }
+}
+
+/// A registered host buffer.
+pub struct Buf {
+    pub mem: Vec<u8>,
+    pub mr: DomainMr,
+    pub remote: RemoteNicRegion,
+}
+
+impl Buf {
+    pub fn new(d: &mut LibfabricDomain, len: usize, fill: impl Fn(usize) -> u8) -> Self {
+        let mut mem: Vec<u8> = (0..len).map(fill).collect();
+        let reg = d
+            .register(MemorySpan {
+                ptr: mem.as_mut_ptr(),
+                len,
+                location: MemoryLocation::Host,
+                dmabuf_fd: None,
+            })
+            .unwrap();
+        Self {
+            mem,
+            mr: reg.mr,
+            remote: reg.remote,
+        }
+    }
+
+    /// A write of `len` bytes from `src_off` here to `dst` at `dst_off`.
+    pub fn write_to(
+        &self,
+        src_off: usize,
+        len: usize,
+        peer: PeerId,
+        dst: &Buf,
+        dst_off: usize,
+        imm: Option<u32>,
+    ) -> WriteOp {
+        WriteOp {
+            local_mr: self.mr,
+            local: self.mem[src_off..].as_ptr(),
+            len,
+            peer,
+            remote_addr: dst.remote.base + dst_off as u64,
+            remote_key: dst.remote.key,
+            imm,
+        }
+    }
+}
+
+/// Everything the two sides reported while waiting.
+#[derive(Default, Debug)]
+pub struct Seen {
+    pub completed: Vec<(OpToken, Result<()>)>,
+    pub imms: Vec<u32>,
+    pub received: Vec<(u64, usize)>,
+}
+
+/// Polls every domain until `done(seen)` or the guard expires (panics then).
+pub fn drive(domains: &mut [&mut LibfabricDomain], seen: &mut Seen, done: impl Fn(&Seen) -> bool) {
+    let start = Instant::now();
+    let mut events = Vec::new();
+    while !done(seen) {
+        assert!(
+            start.elapsed() < GUARD,
+            "guard expired; seen so far: {seen:?}"
+        );
+        for d in domains.iter_mut() {
+            d.poll(&mut events);
+            for e in events.drain(..) {
+                match e {
+                    DomainEvent::Completed { op, result } => seen.completed.push((op, result)),
+                    DomainEvent::Imm { imm } => seen.imms.push(imm),
+                    DomainEvent::Received { token, len } => seen.received.push((token.0, len)),
+                }
+            }
+        }
+    }
+}
+
+/// Waits for the completion of `op` and returns its result.
+pub fn complete(domains: &mut [&mut LibfabricDomain], seen: &mut Seen, op: OpToken) -> Result<()> {
+    drive(domains, seen, |s| s.completed.iter().any(|(o, _)| *o == op));
+    seen.completed
+        .iter()
+        .find(|(o, _)| *o == op)
+        .map(|(_, r)| r.clone())
+        .unwrap()
+}
