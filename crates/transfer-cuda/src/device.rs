@@ -129,6 +129,12 @@ impl DeviceBuffer {
         };
         // SAFETY: [ptr, ptr + len) was just allocated.
         d.check("cuMemsetD8", unsafe { (d.api.memset_d8)(ptr, 0, len) })?;
+        // The memset runs on the legacy default stream, which non-blocking
+        // streams (and GDRCopy writes) do not wait for: finish it now.
+        // SAFETY: null is the legacy default stream of the current context.
+        d.check("cuStreamSynchronize", unsafe {
+            (d.api.stream_synchronize)(std::ptr::null_mut())
+        })?;
         Ok(buf)
     }
 

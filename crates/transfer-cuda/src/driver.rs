@@ -173,7 +173,7 @@ impl Driver {
                     found = Some((name, lib));
                     break;
                 }
-                Err(e) => reasons.push(format!("{name}: {e}")),
+                Err(e) => reasons.push(e.to_string()),
             }
         }
         let Some((library, lib)) = found else {
