@@ -92,6 +92,9 @@ pub fn write_bandwidth(
             return Err(e);
         }
     };
+    // Set when writes are still in flight after a failure: the buffers and
+    // registrations are then leaked, never freed under the provider.
+    let mut in_flight = false;
     let result = (|| {
         let peer = src.resolve_peer(&dst.address())?;
         let dest = src.peers.fi_addr(CALL, peer)?;
@@ -110,16 +113,14 @@ pub fn write_bandwidth(
             imm: params.imm.then_some(0x5eed),
         };
         let deadline = Instant::now() + params.limit;
-        run(src, dst, &target, 1, 1, deadline)?;
+        let (r, busy) = run(src, dst, &target, 1, 1, deadline);
+        in_flight = busy;
+        r?;
         let start = Instant::now();
-        run(
-            src,
-            dst,
-            &target,
-            params.count,
-            params.window.max(1),
-            deadline,
-        )?;
+        let window = params.window.max(1);
+        let (r, busy) = run(src, dst, &target, params.count, window, deadline);
+        in_flight = busy;
+        r?;
         let elapsed = start.elapsed();
         let bytes = (params.size as u64) * params.count as u64;
         Ok(RawReport {
@@ -129,8 +130,13 @@ pub fn write_bandwidth(
             bytes_per_sec: bytes as f64 / elapsed.as_secs_f64().max(1e-9),
         })
     })();
-    let _ = dst.unregister(dst_reg.mr);
-    let _ = src.unregister(src_reg.mr);
+    if in_flight {
+        std::mem::forget(src_buf);
+        std::mem::forget(dst_buf);
+    } else {
+        let _ = dst.unregister(dst_reg.mr);
+        let _ = src.unregister(src_reg.mr);
+    }
     result
 }
 
@@ -151,27 +157,32 @@ fn run(
     count: usize,
     window: usize,
     deadline: Instant,
-) -> Result<()> {
+) -> (Result<()>, bool) {
     const CALL: &str = "raw::write_bandwidth";
     let mut posted = 0usize;
-    let mut done = 0usize;
+    // Completions reaped, successful or not.
+    let mut reaped = 0usize;
+    let mut first_error: Option<TransferError> = None;
     let mut buf = std::mem::take(&mut src.cq_buf);
     let mut sink: Vec<DomainEvent> = Vec::new();
-    let outcome = loop {
-        if done >= count {
-            break Ok(());
+    loop {
+        // Done when every write completed, or after an error once nothing
+        // posted is left in flight (buffers must outlive the provider's use).
+        if reaped == posted && (reaped >= count || first_error.is_some()) {
+            break;
         }
         if Instant::now() > deadline {
-            break Err(TransferError::Timeout {
+            first_error.get_or_insert(TransferError::Timeout {
                 call: CALL,
                 millis: 0,
             });
+            break;
         }
-        while posted < count && posted - done < window {
+        while first_error.is_none() && posted < count && posted - reaped < window {
             let ctx = src.slots.alloc(SlotKind::Raw);
             // SAFETY: source and target spans are registered and outlive the
-            // loop (the caller unregisters only after `run` returned and
-            // every posted write completed); `ctx` lives until completion.
+            // loop (the caller unregisters only after every posted write
+            // completed); `ctx` lives until its completion.
             let ret = unsafe {
                 src.ep.write(
                     t.local,
@@ -182,7 +193,7 @@ fn run(
                     t.key,
                     t.imm,
                     ctx,
-                    src.write_flags,
+                    if t.len == 0 { 0 } else { src.write_flags },
                 )
             };
             if ret == 0 {
@@ -191,7 +202,7 @@ fn run(
             }
             src.slots.take(ctx);
             if ret != -(sys::FI_EAGAIN as isize) {
-                return Err(src.lib.error("fi_writemsg", ret));
+                first_error = Some(src.lib.error("fi_writemsg", ret));
             }
             break;
         }
@@ -199,15 +210,17 @@ fn run(
             CqRead::Entries(n) => {
                 for e in buf.iter().take(n) {
                     if let Some(SlotKind::Raw) = src.slots.take(e.op_context) {
-                        done += 1;
+                        reaped += 1;
                     }
                 }
             }
             CqRead::Empty => {}
             CqRead::ErrorAvailable => {
                 if let Some((e, message)) = src.cq.read_error() {
-                    src.slots.take(e.op_context);
-                    break Err(TransferError::Backend {
+                    if let Some(SlotKind::Raw) = src.slots.take(e.op_context) {
+                        reaped += 1;
+                    }
+                    first_error.get_or_insert(TransferError::Backend {
                         call: "fi_writemsg",
                         backend: transfer_core::BackendKind::Libfabric,
                         code: e.err,
@@ -215,11 +228,13 @@ fn run(
                     });
                 }
             }
-            CqRead::Failed(code) => break Err(src.lib.error("fi_cq_read", code)),
+            CqRead::Failed(code) => {
+                first_error.get_or_insert(src.lib.error("fi_cq_read", code));
+            }
         }
         dst.poll(&mut sink);
         sink.clear();
-    };
+    }
     src.cq_buf = buf;
-    outcome
+    (first_error.map_or(Ok(()), Err), reaped < posted)
 }
