@@ -59,3 +59,47 @@ impl IdleLoop {
         Rest::Parked
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy() -> IdlePolicy {
+        IdlePolicy {
+            spin: Duration::ZERO,
+            min_park: Duration::from_micros(1),
+            max_park: Duration::from_micros(8),
+            ..IdlePolicy::default()
+        }
+    }
+
+    #[test]
+    fn spins_within_the_spin_window() {
+        let mut l = IdleLoop::new(IdlePolicy::busy_poll());
+        for _ in 0..1000 {
+            assert_eq!(l.idle(false), Rest::Spun);
+        }
+    }
+
+    #[test]
+    fn park_timeouts_double_up_to_the_cap_and_reset_on_activity() {
+        let mut l = IdleLoop::new(policy());
+        let mut seen = Vec::new();
+        for _ in 0..6 {
+            seen.push(l.park);
+            assert_eq!(l.idle(false), Rest::Parked);
+        }
+        let us: Vec<u64> = seen.iter().map(|d| d.as_micros() as u64).collect();
+        assert_eq!(us, [1, 2, 4, 8, 8, 8]);
+        l.active();
+        assert_eq!(l.park, Duration::from_micros(1));
+    }
+
+    #[test]
+    fn nothing_watched_parks_until_unparked() {
+        let mut l = IdleLoop::new(policy());
+        // A pending unpark token makes park() return at once.
+        std::thread::current().unpark();
+        assert_eq!(l.idle(true), Rest::Parked);
+    }
+}

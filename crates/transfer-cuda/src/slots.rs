@@ -5,6 +5,8 @@
 //! addresses stay valid for the allocator's whole life. Freed slots are
 //! reused lowest id first, and are zeroed when handed out again.
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::{CudaError, Result};
@@ -46,8 +48,8 @@ pub struct SlotAllocator {
     slots_per_page: usize,
     pages: Vec<Box<dyn MappedBlock>>,
     in_use: Vec<bool>,
-    /// Free slot ids, highest first, so `pop` returns the lowest.
-    free: Vec<u32>,
+    /// Free slot ids; `pop` returns the lowest.
+    free: BinaryHeap<Reverse<u32>>,
 }
 
 impl std::fmt::Debug for SlotAllocator {
@@ -78,7 +80,7 @@ impl SlotAllocator {
             slots_per_page: slots_per_page.max(1),
             pages: Vec::new(),
             in_use: Vec::new(),
-            free: Vec::new(),
+            free: BinaryHeap::new(),
         }
     }
 
@@ -112,7 +114,7 @@ impl SlotAllocator {
         if self.free.is_empty() {
             self.grow()?;
         }
-        let Some(id) = self.free.pop() else {
+        let Some(Reverse(id)) = self.free.pop() else {
             return Err(CudaError::OutOfMemory {
                 call: "SlotAllocator::alloc",
                 reason: "no slot after growing".into(),
@@ -139,9 +141,7 @@ impl SlotAllocator {
             Some(_) => return Err(CudaError::invalid(CALL, format!("{id} is not in use"))),
             None => return Err(CudaError::invalid(CALL, format!("{id} does not exist"))),
         }
-        // Keep `free` sorted highest first so the lowest id is reused first.
-        let pos = self.free.partition_point(|&f| f > id.0);
-        self.free.insert(pos, id.0);
+        self.free.push(Reverse(id.0));
         Ok(())
     }
 
@@ -193,8 +193,7 @@ impl SlotAllocator {
         }
         self.pages.push(page);
         self.in_use.resize(end, false);
-        // Highest first: pop() hands out the lowest new id.
-        self.free.splice(0..0, (first..end).rev().map(|i| i as u32));
+        self.free.extend((first..end).map(|i| Reverse(i as u32)));
         Ok(())
     }
 }

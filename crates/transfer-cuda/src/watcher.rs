@@ -209,7 +209,11 @@ impl Watcher {
 
     /// Stops watching `id` (asynchronously: an event already being
     /// delivered may still run); the slot is then freed for reuse. The
-    /// caller guarantees no GPU code writes the slot any more.
+    /// caller guarantees no GPU code writes the slot any more, and calls
+    /// this only for a slot it still watches: once its callback returned
+    /// [`WatchControl::Stop`] or after one `unwatch`, the id may already
+    /// belong to someone else. Unwatching a slot that is not watched does
+    /// nothing.
     pub fn unwatch(&self, id: SlotId) {
         self.shared.commands.push(Command::Unwatch(id));
         self.shared.wake();
@@ -269,7 +273,14 @@ fn run(shared: &Shared, policy: IdlePolicy) {
         while let Some(cmd) = shared.commands.pop() {
             match cmd {
                 Command::Watch(e) => entries.push(e),
-                Command::Unwatch(id) => finished.push(id),
+                // In order: an unwatch only affects a watch queued before it.
+                Command::Unwatch(id) => {
+                    if let Some(i) = entries.iter().position(|e| e.addr.id == id) {
+                        entries.swap_remove(i);
+                        let _ = shared.slots().free(id);
+                        shared.watched.fetch_sub(1, Ordering::Relaxed);
+                    }
+                }
             }
         }
         let mut changed = false;
@@ -300,15 +311,14 @@ fn run(shared: &Shared, policy: IdlePolicy) {
         }
         scans += 1;
         if !finished.is_empty() {
+            finished.sort_unstable();
+            finished.dedup();
             let before = entries.len();
-            entries.retain(|e| !finished.contains(&e.addr.id));
+            entries.retain(|e| finished.binary_search(&e.addr.id).is_err());
             let removed = before - entries.len();
             let mut slots = shared.slots();
             for id in finished.drain(..) {
-                // Unwatch of a slot no longer watched is a no-op.
-                if slots.is_in_use(id) && !entries.iter().any(|e| e.addr.id == id) {
-                    let _ = slots.free(id);
-                }
+                let _ = slots.free(id);
             }
             drop(slots);
             shared.watched.fetch_sub(removed as u64, Ordering::Relaxed);

@@ -301,3 +301,31 @@ fn watch_from_many_threads_at_once() {
         std::thread::yield_now();
     }
 }
+
+#[test]
+fn unwatching_an_unwatched_slot_does_nothing() {
+    let w = Watcher::new(PlainHostMemory, WatcherConfig::default()).unwrap();
+    let (tx, rx) = mpsc::channel();
+    let slot = w
+        .watch(move |ev| {
+            tx.send(ev.new).unwrap();
+            WatchControl::Keep
+        })
+        .unwrap();
+    w.unwatch(transfer_cuda::SlotId(slot.id.0 + 1000));
+    bump(&slot);
+    assert_eq!(rx.recv_timeout(GUARD).unwrap(), 1);
+    assert_eq!(w.watched(), 1);
+    // Unwatch then immediately watch again: the new watch (queued after
+    // the unwatch) is not affected by it, whether or not it reuses the slot.
+    w.unwatch(slot.id);
+    let (tx2, rx2) = mpsc::channel();
+    let again = w
+        .watch(move |ev| {
+            tx2.send(ev.new).unwrap();
+            WatchControl::Keep
+        })
+        .unwrap();
+    bump(&again);
+    assert_eq!(rx2.recv_timeout(GUARD).unwrap(), 1);
+}
