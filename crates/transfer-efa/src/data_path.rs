@@ -396,7 +396,10 @@ impl LibfabricDomain {
         self.last_timeout_check = now;
         let millis = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX);
         for id in self.ops.overdue(now, limit, self.last_completion) {
-            let peers: Vec<PeerId> = self
+            // Peers with work of this call in flight, or, when nothing of it
+            // could be posted while the domain made no progress at all, the
+            // peers it waits for in the queue.
+            let mut peers: Vec<PeerId> = self
                 .slots
                 .posted()
                 .filter_map(|k| match k {
@@ -406,6 +409,19 @@ impl LibfabricDomain {
                     _ => None,
                 })
                 .collect();
+            if peers.is_empty() {
+                peers = self
+                    .queue
+                    .iter()
+                    .filter_map(|p| match p {
+                        Pending::Write { op, write } if *op == id => Some(write.peer),
+                        Pending::Send { op, peer, .. } if *op == id => Some(*peer),
+                        _ => None,
+                    })
+                    .collect();
+            }
+            peers.sort_unstable_by_key(|p| p.0);
+            peers.dedup();
             let err = TransferError::Timeout {
                 call: "libfabric transfer",
                 millis,

@@ -178,7 +178,14 @@ fn bad_remote_access(p: Provider) {
         eprintln!("SKIP: shm enforces no remote access protection; see the report");
         return;
     }
-    let Some(mut d) = open(p.clone(), 2) else {
+    // udp;ofi_rxd never completes a refused write (measured, with and
+    // without delivery-complete): only the peer timeout ends it, so keep
+    // it short there.
+    let mut cfg = Config::loopback(p.clone());
+    if p == Provider::Udp {
+        cfg = cfg.with_peer_timeout(Duration::from_secs(2));
+    }
+    let Some(mut d) = open_with(cfg, 2) else {
         return;
     };
     let (a, b) = d.split_at_mut(1);
@@ -200,6 +207,13 @@ fn bad_remote_access(p: Provider) {
         eprintln!(
             "{p}: provider drops refused writes silently (no delivery-complete); checking the target is untouched"
         );
+    }
+    if p == Provider::Udp {
+        // rxd keeps retrying the refused write: the peer is wedged for good
+        // (later writes time out too), so stop after checking that the
+        // refusal surfaced as an error and the target is untouched.
+        assert!(dst.mem.iter().all(|&x| x == 0));
+        return;
     }
 
     let mut out_of_range = src.write_to(0, 4096, peer, &dst, 0, None);
@@ -385,3 +399,4 @@ macro_rules! suite {
 
 suite!(tcp, Provider::Tcp);
 suite!(shm, Provider::Shm);
+suite!(udp, Provider::Udp);

@@ -1,0 +1,121 @@
+//! Peer death over tcp: bounded failure, fail-fast afterwards, and recovery
+//! through `remove_peer` + a fresh `resolve_peer`.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Buf, Seen, complete, open_with};
+use transfer_core::{Domain, DomainEvent, NicAddress, OpToken, TransferError};
+use transfer_efa::{Config, Provider};
+
+fn cfg() -> Config {
+    Config::loopback(Provider::Tcp).with_peer_timeout(Duration::from_millis(300))
+}
+
+/// The TCP port inside one of our tcp NIC addresses (sockaddr_in after the
+/// header: b"LF", version, provider length + name, u32 format).
+fn port_of(addr: &NicAddress) -> u16 {
+    let b = &addr.0;
+    let raw = &b[4 + usize::from(b[3]) + 4..];
+    u16::from_be_bytes([raw[2], raw[3]])
+}
+
+fn assert_fails_fast(
+    a: &mut transfer_efa::LibfabricDomain,
+    src: &Buf,
+    dst: &Buf,
+    peer: transfer_core::PeerId,
+) {
+    a.submit_writes(OpToken(99), &[src.write_to(0, 64, peer, dst, 0, None)]);
+    let mut events = Vec::new();
+    a.poll(&mut events);
+    assert!(
+        matches!(
+            &events[..],
+            [DomainEvent::Completed {
+                op: OpToken(99),
+                result: Err(TransferError::PeerUnreachable { .. })
+            }]
+        ),
+        "{events:?}"
+    );
+}
+
+/// A peer that never makes progress: the write fails by timeout, the peer
+/// is marked dead; once it is alive again a fresh resolve works.
+#[test]
+fn silent_peer_times_out_then_recovers() {
+    let Some(mut d) = open_with(cfg(), 2) else {
+        return;
+    };
+    let (a, b) = d.split_at_mut(1);
+    let (a, b) = (&mut a[0], &mut b[0]);
+    let src = Buf::new(a, 1 << 16, |i| i as u8);
+    let dst = Buf::new(b, 1 << 16, |_| 0);
+    let peer = a.resolve_peer(&b.address()).unwrap();
+    let mut seen = Seen::default();
+    // Only `a` is polled: tcp;ofi_rxm needs the peer's progress to accept.
+    a.submit_writes(OpToken(1), &[src.write_to(0, 4096, peer, &dst, 0, Some(1))]);
+    let r = complete(&mut [&mut *a], &mut seen, OpToken(1));
+    eprintln!("silent peer -> {r:?}");
+    assert!(
+        matches!(
+            r,
+            Err(TransferError::Timeout { .. } | TransferError::PeerUnreachable { .. })
+        ),
+        "{r:?}"
+    );
+    assert_fails_fast(a, &src, &dst, peer);
+    // Cached dead entries stay dead until removed.
+    assert_eq!(a.resolve_peer(&b.address()).unwrap(), peer);
+    a.remove_peer(peer);
+    let peer2 = a.resolve_peer(&b.address()).unwrap();
+    assert_ne!(peer, peer2);
+    a.submit_writes(OpToken(2), &[src.write_to(0, 4096, peer2, &dst, 0, None)]);
+    complete(&mut [&mut *a, &mut *b], &mut seen, OpToken(2)).unwrap();
+    assert_eq!(&dst.mem[..4096], &src.mem[..4096]);
+}
+
+/// A peer that closes and restarts on the same address and port.
+#[test]
+fn restarted_peer_at_same_address() {
+    let Some(mut d) = open_with(cfg(), 2) else {
+        return;
+    };
+    let mut b = d.pop().unwrap();
+    let mut a = d.pop().unwrap();
+    let src = Buf::new(&mut a, 1 << 16, |i| i as u8);
+    let addr = b.address();
+    let port = port_of(&addr);
+    let dst = Buf::new(&mut b, 1 << 16, |_| 0);
+    let peer = a.resolve_peer(&addr).unwrap();
+    let mut seen = Seen::default();
+    a.submit_writes(OpToken(1), &[src.write_to(0, 4096, peer, &dst, 0, None)]);
+    complete(&mut [&mut a, &mut b], &mut seen, OpToken(1)).unwrap();
+    drop(dst);
+    drop(b);
+
+    a.submit_writes(OpToken(2), &[src.write_to(0, 64, peer, &src, 0, None)]);
+    let r = complete(&mut [&mut a], &mut seen, OpToken(2));
+    eprintln!("dead peer -> {r:?}");
+    assert!(r.is_err());
+    assert_fails_fast(&mut a, &src, &src, peer);
+
+    // Restart on the same port.
+    let Some(mut d2) = open_with(cfg().with_service(port.to_string()), 1) else {
+        return;
+    };
+    let mut b2 = d2.pop().unwrap();
+    assert_eq!(b2.address(), addr, "same address after restart");
+    let dst2 = Buf::new(&mut b2, 1 << 16, |_| 0);
+    a.remove_peer(peer);
+    let peer2 = a.resolve_peer(&b2.address()).unwrap();
+    a.submit_writes(
+        OpToken(3),
+        &[src.write_to(0, 4096, peer2, &dst2, 0, Some(7))],
+    );
+    complete(&mut [&mut a, &mut b2], &mut seen, OpToken(3)).unwrap();
+    assert_eq!(&dst2.mem[..4096], &src.mem[..4096]);
+}
