@@ -5,6 +5,8 @@
 #                                              # build the GPU test binary and the
 #                                              # kv_cache example into crates/transfer-cuda/gpu-bin/
 #   crates/transfer-cuda/gpu-check.sh run      # on the GPU machine: run both, unchanged
+#   crates/transfer-cuda/gpu-check.sh fake     # here: dry-run both against a fake libcuda
+#                                              # (tests/fake-libcuda; needs cc; no real GPU behaviour)
 #
 # The binaries link no CUDA library: they dlopen libcuda.so.1 (and
 # libgdrapi.so.2 when /dev/gdrdrv exists) at run time, so an x86-64 build
@@ -62,8 +64,17 @@ run() {
     exit "$rc"
 }
 
+fake() {
+    local dir
+    dir="$(mktemp -d)"
+    cc -shared -fPIC -O1 -Wall -Werror -o "$dir/libcuda.so.1" "$here/tests/fake-libcuda/fake_cuda.c" -lpthread
+    echo "== dry run against the fake libcuda in $dir (not a GPU)"
+    LD_LIBRARY_PATH="$dir" TRANSFER_CUDA_LATENCY_EVENTS="${TRANSFER_CUDA_LATENCY_EVENTS:-200}" run
+}
+
 case "${1:-build}" in
     build) build ;;
     run) run ;;
-    *) echo "usage: $0 [build|run]" >&2; exit 2 ;;
+    fake) fake ;;
+    *) echo "usage: $0 [build|run|fake]" >&2; exit 2 ;;
 esac
