@@ -712,3 +712,58 @@ fn valid_graphs_reach_the_backend_and_recompute_rechecks() {
     let mut other: Client = connect(&h);
     assert_eq!(other.device_count().unwrap(), 1);
 }
+
+// ---- per-op rules a real compute backend applies --------------------------
+
+#[test]
+fn op_shape_rules_for_compute_backends() {
+    use transfer_rpc::validate::op_shapes::{check_graph_ops, is_contiguous};
+    let f = fixture();
+    let mut a = f.t(1, 0, 4);
+    a.ne = [4, 3, 1, 1];
+    a.nb = [4, 16, 48, 48];
+    let mut x = f.t(2, 64, 4);
+    x.ne = [4, 2, 1, 1];
+    x.nb = [4, 16, 32, 32];
+    let mut mm = f.t(3, 128, 3);
+    mm.ne = [3, 2, 1, 1];
+    mm.nb = [4, 12, 24, 24];
+    mm.op = 29;
+    mm.src[0] = 1;
+    mm.src[1] = 2;
+    assert!(is_contiguous(&mm));
+    let ok = f
+        .graph(vec![3], vec![a.clone(), x.clone(), mm.clone()])
+        .unwrap();
+    check_graph_ops(&ok).unwrap();
+    let mut wrong = mm.clone();
+    wrong.ne = [3, 1, 1, 1]; // result smaller than the product: kernel would overflow it
+    let g = f.graph(vec![3], vec![a.clone(), x.clone(), wrong]).unwrap();
+    assert!(check_graph_ops(&g).is_err());
+    let mut k_mismatch = x.clone();
+    k_mismatch.ne = [2, 4, 1, 1];
+    k_mismatch.nb = [4, 8, 32, 32];
+    let g = f
+        .graph(vec![3], vec![a.clone(), k_mismatch, mm.clone()])
+        .unwrap();
+    assert!(check_graph_ops(&g).is_err(), "inner dimensions differ");
+    let mut sum = f.t(4, 256, 1);
+    sum.op = 14; // SUM: not on the allowlist
+    sum.src[0] = 1;
+    let g = f.graph(vec![4], vec![a.clone(), sum]).unwrap();
+    assert!(check_graph_ops(&g).is_err());
+    let mut rope = f.t(5, 512, 4);
+    rope.ne = [4, 3, 1, 1];
+    rope.nb = [4, 16, 48, 48];
+    rope.op = 48;
+    rope.src[0] = 1;
+    rope.src[1] = 6;
+    rope.op_params[1] = 8; // n_dims > ne[0]
+    let mut pos = f.t(6, 1024, 1);
+    pos.ty = 26;
+    let g = f.graph(vec![5], vec![a, pos, rope]).unwrap();
+    assert!(
+        check_graph_ops(&g).is_err(),
+        "rope n_dims larger than the row"
+    );
+}

@@ -6,7 +6,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
-use transfer_rpc::server::{RefusingBackend, Server, ServerConfig};
+#[cfg(not(feature = "ggml"))]
+use transfer_rpc::server::RefusingBackend;
+use transfer_rpc::server::{ComputeBackend, Server, ServerConfig};
 
 /// Command line, modelled on llama.cpp's `rpc-server`.
 #[derive(Debug, Parser)]
@@ -47,6 +49,20 @@ struct Cli {
     verbose: bool,
 }
 
+#[cfg(feature = "ggml")]
+fn make_backend(config: &ServerConfig) -> Arc<dyn ComputeBackend> {
+    Arc::new(transfer_rpc::server::GgmlCpuBackend::new(
+        config.devices,
+        config.threads,
+        config.graph_limits,
+    ))
+}
+
+#[cfg(not(feature = "ggml"))]
+fn make_backend(_config: &ServerConfig) -> Arc<dyn ComputeBackend> {
+    Arc::new(RefusingBackend)
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let quota = cli.mem.saturating_mul(1 << 20);
@@ -64,7 +80,9 @@ fn main() -> ExitCode {
         ..ServerConfig::default()
     };
     config.limits.max_message_size = cli.max_message_mib.saturating_mul(1 << 20);
-    let server = match Server::bind(config, Arc::new(RefusingBackend)) {
+    let backend = make_backend(&config);
+    let compute = backend.name().to_owned();
+    let server = match Server::bind(config, backend) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("transfer-rpc-server: {e}");
@@ -73,7 +91,7 @@ fn main() -> ExitCode {
     };
     match server.local_addr() {
         Ok(a) => eprintln!(
-            "transfer-rpc-server: protocol 7.0.0 (+ext) listening on {a}, devices {:?}, graph compute refused (no ggml backend)",
+            "transfer-rpc-server: protocol 7.0.0 (+ext) listening on {a}, devices {:?}, compute: {compute}",
             cli.device
         ),
         Err(e) => eprintln!("transfer-rpc-server: {e}"),

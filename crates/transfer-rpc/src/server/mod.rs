@@ -11,6 +11,8 @@ pub mod cache;
 pub mod compute;
 pub mod config;
 mod dispatch;
+#[cfg(feature = "ggml")]
+pub mod ggml_backend;
 pub mod limiter;
 pub mod peer;
 pub mod registry;
@@ -25,6 +27,8 @@ use std::thread::JoinHandle;
 pub use cache::HashCache;
 pub use compute::{ComputeBackend, RefusingBackend};
 pub use config::ServerConfig;
+#[cfg(feature = "ggml")]
+pub use ggml_backend::GgmlCpuBackend;
 pub use registry::BufferRegistry;
 
 use crate::error::{Result, RpcError};

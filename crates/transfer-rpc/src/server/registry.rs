@@ -20,6 +20,48 @@ use crate::error::{Result, RpcError};
 use crate::validate::{BufferLookup, Region};
 
 const PAGE: u64 = 4096;
+/// Alignment of every buffer's host memory (ggml needs 32; 64 covers AVX-512).
+pub const HOST_ALIGN: usize = 64;
+
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Block([u8; HOST_ALIGN]);
+
+/// Zeroed host memory aligned to [`HOST_ALIGN`].
+pub struct AlignedBytes {
+    blocks: Vec<Block>,
+    len: usize,
+}
+
+impl std::fmt::Debug for AlignedBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "AlignedBytes({} bytes)", self.len)
+    }
+}
+
+impl AlignedBytes {
+    /// `len` zeroed bytes, or `None` when the allocation fails.
+    fn zeroed(len: usize) -> Option<AlignedBytes> {
+        let n = len.div_ceil(HOST_ALIGN);
+        let mut blocks = Vec::new();
+        blocks.try_reserve_exact(n).ok()?;
+        blocks.resize(n, Block([0; HOST_ALIGN]));
+        Some(AlignedBytes { blocks, len })
+    }
+
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `blocks` holds at least `len` initialised bytes (`Block` is
+        // a plain byte array with no padding), borrowed immutably with `self`.
+        unsafe { std::slice::from_raw_parts(self.blocks.as_ptr().cast::<u8>(), self.len) }
+    }
+
+    /// The bytes, mutably.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_slice`, and `&mut self` makes the borrow unique.
+        unsafe { std::slice::from_raw_parts_mut(self.blocks.as_mut_ptr().cast::<u8>(), self.len) }
+    }
+}
 const FIRST_BASE: u64 = 0x0000_1000_0000_0000;
 
 /// One server-side allocation.
@@ -35,7 +77,7 @@ pub struct Buffer {
     pub device: u32,
     /// Session that owns it.
     pub owner: u64,
-    data: RwLock<Vec<u8>>,
+    data: RwLock<AlignedBytes>,
 }
 
 impl Buffer {
@@ -131,9 +173,7 @@ impl BufferRegistry {
                 return None;
             }
         }
-        let mut data = Vec::new();
-        data.try_reserve_exact(len).ok()?;
-        data.resize(len, 0);
+        let data = AlignedBytes::zeroed(len)?;
         let mut inner = self.lock();
         let used = inner.used.checked_add(size).filter(|&u| u <= self.quota)?;
         let span = size
@@ -216,6 +256,7 @@ impl BufferRegistry {
         let (s, e) = range(call, &buf, offset, data.len() as u64)?;
         let mut mem = buf.data.write().unwrap_or_else(PoisonError::into_inner);
         let dst = mem
+            .as_mut_slice()
             .get_mut(s..e)
             .ok_or_else(|| RpcError::refused(call, "range is outside the buffer"))?;
         dst.copy_from_slice(data);
@@ -233,7 +274,8 @@ impl BufferRegistry {
         let buf = self.buffer(call, handle)?;
         let (s, e) = range(call, &buf, offset, len)?;
         let mem = buf.data.read().unwrap_or_else(PoisonError::into_inner);
-        mem.get(s..e)
+        mem.as_slice()
+            .get(s..e)
             .map(<[u8]>::to_vec)
             .ok_or_else(|| RpcError::refused(call, "range is outside the buffer"))
     }
@@ -250,10 +292,59 @@ impl BufferRegistry {
         let buf = self.buffer(call, handle)?;
         let (s, e) = range(call, &buf, offset, len)?;
         let mut mem = buf.data.write().unwrap_or_else(PoisonError::into_inner);
-        mem.get_mut(s..e)
+        mem.as_mut_slice()
+            .get_mut(s..e)
             .ok_or_else(|| RpcError::refused(call, "range is outside the buffer"))?
             .fill(value);
         Ok(())
+    }
+}
+
+/// Host memory of one write-locked buffer, as a compute backend sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct LockedMemory {
+    /// Start of the buffer's host memory ([`HOST_ALIGN`]-aligned).
+    pub ptr: *mut u8,
+    /// Its length in bytes.
+    pub len: usize,
+}
+
+impl BufferRegistry {
+    /// Write-locks the buffers `handles` (deduplicated, in handle order so
+    /// that concurrent callers cannot deadlock) and runs `f` with their host
+    /// memory. The pointers are valid, and no other session touches those
+    /// buffers, until `f` returns.
+    pub fn with_locked<R>(
+        &self,
+        call: &'static str,
+        handles: &[u64],
+        f: impl FnOnce(&HashMap<u64, LockedMemory>) -> R,
+    ) -> Result<R> {
+        let mut hs = handles.to_vec();
+        hs.sort_unstable();
+        hs.dedup();
+        let bufs = hs
+            .iter()
+            .map(|&h| self.buffer(call, h))
+            .collect::<Result<Vec<_>>>()?;
+        let mut guards: Vec<_> = bufs
+            .iter()
+            .map(|b| b.data.write().unwrap_or_else(PoisonError::into_inner))
+            .collect();
+        let mut map = HashMap::with_capacity(bufs.len());
+        for (b, g) in bufs.iter().zip(guards.iter_mut()) {
+            let mem = g.as_mut_slice();
+            map.insert(
+                b.handle,
+                LockedMemory {
+                    ptr: mem.as_mut_ptr(),
+                    len: mem.len(),
+                },
+            );
+        }
+        let out = f(&map);
+        drop(guards);
+        Ok(out)
     }
 }
 

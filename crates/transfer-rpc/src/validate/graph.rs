@@ -168,11 +168,13 @@ pub fn validate_graph(
             deferred.push(n);
             continue;
         }
-        let bound = match t.op {
-            GGML_OP_GET_ROWS => g.tensors[srcs[n][0].unwrap_or(n)].ne[1],
-            _ => t.ne[1],
-        };
-        check_indices(it, &checked[ix], lookup, limits, i64::from(bound))?;
+        check_indices(
+            it,
+            &checked[ix],
+            lookup,
+            limits,
+            row_bound(&g.tensors, n, &srcs[n]),
+        )?;
     }
 
     Ok(ValidatedGraph {
@@ -184,6 +186,35 @@ pub fn validate_graph(
         view_src,
         deferred_index_checks: deferred,
     })
+}
+
+/// Rows an index of GET_ROWS / SET_ROWS node `n` may address.
+fn row_bound(ts: &[RpcTensor], n: usize, s: &[Option<usize>; MAX_SRC]) -> i64 {
+    match ts[n].op {
+        GGML_OP_GET_ROWS => i64::from(s[0].map_or(0, |a| ts[a].ne[1])),
+        _ => i64::from(ts[n].ne[1]),
+    }
+}
+
+/// Range-checks the indices of GET_ROWS / SET_ROWS node `n` (an index into
+/// `g.tensors`) from memory. A backend calls this for every entry of
+/// `deferred_index_checks` after computing the nodes before it.
+pub fn check_index_node(
+    g: &ValidatedGraph,
+    n: usize,
+    lookup: &dyn BufferLookup,
+    limits: &GraphLimits,
+) -> Result<()> {
+    let Some(ix) = g.srcs.get(n).and_then(|s| s[1]) else {
+        return refuse("index node without indices");
+    };
+    check_indices(
+        &g.tensors[ix],
+        &g.checked[ix],
+        lookup,
+        limits,
+        row_bound(&g.tensors, n, &g.srcs[n]),
+    )
 }
 
 fn check_op(t: &RpcTensor) -> Result<()> {

@@ -3,10 +3,11 @@
 //! naming the check.
 
 pub mod graph;
+pub mod op_shapes;
 pub mod ops;
 pub mod tensor;
 pub mod types;
 
-pub use graph::{GraphLimits, ValidatedGraph, validate_graph};
+pub use graph::{GraphLimits, ValidatedGraph, check_index_node, validate_graph};
 pub use tensor::{BufferLookup, CheckedTensor, Region, check_shape, check_tensor, nbytes};
 pub use types::{TypeInfo, type_info};

@@ -1,0 +1,322 @@
+//! Graph compute on ggml's CPU backend (feature `ggml`).
+//!
+//! The graph arrives validated ([`crate::validate::validate_graph`]); this
+//! backend additionally applies the per-op allowlist and shape rules of
+//! [`crate::validate::op_shapes`], asks ggml whether it supports every
+//! node, write-locks every buffer the graph touches, rebuilds the tensors
+//! in a no-alloc ggml context pointing into those buffers, and runs the
+//! nodes. GET_ROWS / SET_ROWS whose indices are computed inside the graph
+//! split it: the nodes before run first, then the indices are range-checked
+//! in memory, then the rest runs.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Mutex, PoisonError};
+
+use llama_cpp_sys_2 as sys;
+
+use super::compute::ComputeBackend;
+use super::registry::{BufferRegistry, LockedMemory};
+use crate::error::{Result, RpcError};
+use crate::validate::op_shapes::check_graph_ops;
+use crate::validate::{BufferLookup, GraphLimits, Region, ValidatedGraph, check_index_node};
+
+const CALL: &str = "GRAPH_COMPUTE (ggml)";
+
+fn fail<T>(reason: impl Into<String>) -> Result<T> {
+    Err(RpcError::Compute {
+        call: CALL,
+        reason: reason.into(),
+    })
+}
+
+/// An owned `ggml_backend_t`.
+struct BackendPtr(sys::ggml_backend_t);
+
+// SAFETY: a ggml CPU backend may be used from any thread as long as calls
+// are not concurrent; every use goes through the `Mutex` that owns it.
+unsafe impl Send for BackendPtr {}
+
+impl Drop for BackendPtr {
+    fn drop(&mut self) {
+        // SAFETY: the pointer came from ggml_backend_cpu_init and is freed once.
+        unsafe { sys::ggml_backend_free(self.0) }
+    }
+}
+
+/// ggml's CPU backend, one instance per device, created on first use.
+pub struct GgmlCpuBackend {
+    threads: i32,
+    devices: Vec<Mutex<Option<BackendPtr>>>,
+    limits: GraphLimits,
+}
+
+impl std::fmt::Debug for GgmlCpuBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "GgmlCpuBackend(threads {})", self.threads)
+    }
+}
+
+impl GgmlCpuBackend {
+    /// A backend for `devices` devices using `threads` compute threads each.
+    pub fn new(devices: u32, threads: usize, limits: GraphLimits) -> Self {
+        GgmlCpuBackend {
+            threads: i32::try_from(threads.max(1)).unwrap_or(1),
+            devices: (0..devices.max(1)).map(|_| Mutex::new(None)).collect(),
+            limits,
+        }
+    }
+}
+
+/// Frees a ggml context and wrapped buffers on every exit path.
+struct Scratch {
+    ctx: *mut sys::ggml_context,
+    buffers: Vec<sys::ggml_backend_buffer_t>,
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        for &b in &self.buffers {
+            // SAFETY: each came from ggml_backend_cpu_buffer_from_ptr, freed once;
+            // freeing a from_ptr buffer does not free the memory it wraps.
+            unsafe { sys::ggml_backend_buffer_free(b) }
+        }
+        if !self.ctx.is_null() {
+            // SAFETY: ctx came from ggml_init and is freed once.
+            unsafe { sys::ggml_free(self.ctx) }
+        }
+    }
+}
+
+/// Reads index tensors straight from the locked buffers.
+struct LockedLookup<'a> {
+    mem: &'a HashMap<u64, LockedMemory>,
+    regions: HashMap<u64, Region>,
+}
+
+impl BufferLookup for LockedLookup<'_> {
+    fn region(&self, handle: u64) -> Option<Region> {
+        self.regions.get(&handle).copied()
+    }
+
+    fn read(&self, handle: u64, offset: u64, len: u64) -> Option<Vec<u8>> {
+        let m = self.mem.get(&handle)?;
+        let start = usize::try_from(offset).ok()?;
+        let end = start.checked_add(usize::try_from(len).ok()?)?;
+        if end > m.len {
+            return None;
+        }
+        // SAFETY: [start, end) lies inside the buffer, which this thread holds
+        // write-locked for the whole compute; ggml is not running right now.
+        let bytes = unsafe { std::slice::from_raw_parts(m.ptr.add(start), end - start) };
+        Some(bytes.to_vec())
+    }
+}
+
+impl ComputeBackend for GgmlCpuBackend {
+    fn name(&self) -> &str {
+        "ggml-cpu"
+    }
+
+    fn compute(&self, graph: &ValidatedGraph, memory: &BufferRegistry) -> Result<()> {
+        check_graph_ops(graph)?;
+        let slot = self
+            .devices
+            .get(graph.device as usize)
+            .ok_or_else(|| RpcError::refused(CALL, "no such device"))?;
+        let mut backend = slot.lock().unwrap_or_else(PoisonError::into_inner);
+        if backend.is_none() {
+            // SAFETY: plain constructor; null is checked below.
+            let b = unsafe { sys::ggml_backend_cpu_init() };
+            if b.is_null() {
+                return fail("ggml_backend_cpu_init failed");
+            }
+            // SAFETY: b is a live CPU backend.
+            unsafe { sys::ggml_backend_cpu_set_n_threads(b, self.threads) };
+            *backend = Some(BackendPtr(b));
+        }
+        let Some(be) = backend.as_ref().map(|b| b.0) else {
+            return fail("no backend");
+        };
+        let handles: Vec<u64> = graph
+            .checked
+            .iter()
+            .filter_map(|c| c.placement.map(|(r, _)| r.handle))
+            .collect();
+        memory.with_locked(CALL, &handles, |mem| self.run(be, graph, mem))?
+    }
+}
+
+impl GgmlCpuBackend {
+    fn run(
+        &self,
+        be: sys::ggml_backend_t,
+        g: &ValidatedGraph,
+        mem: &HashMap<u64, LockedMemory>,
+    ) -> Result<()> {
+        let n = g.tensors.len();
+        let segments = g.deferred_index_checks.len() + 1;
+        // SAFETY: pure size computations.
+        let mem_size =
+            unsafe {
+                n.saturating_mul(sys::ggml_tensor_overhead())
+                    .saturating_add(segments.saturating_mul(sys::ggml_graph_overhead_custom(
+                        g.nodes.len().max(1),
+                        false,
+                    )))
+                    .saturating_add(1 << 16)
+            };
+        let params = sys::ggml_init_params {
+            mem_size,
+            mem_buffer: std::ptr::null_mut(),
+            no_alloc: true,
+        };
+        // SAFETY: ggml_init with no_alloc only allocates its own arena; null checked.
+        let ctx = unsafe { sys::ggml_init(params) };
+        let mut scratch = Scratch {
+            ctx,
+            buffers: Vec::new(),
+        };
+        if ctx.is_null() {
+            return fail("ggml_init failed");
+        }
+        let mut wrapped: HashMap<u64, sys::ggml_backend_buffer_t> = HashMap::new();
+        for (&h, m) in mem {
+            // SAFETY: m.ptr/m.len describe a live, 64-byte aligned, write-locked
+            // allocation that outlives the wrapper (freed in Scratch::drop first).
+            let b = unsafe { sys::ggml_backend_cpu_buffer_from_ptr(m.ptr.cast::<c_void>(), m.len) };
+            if b.is_null() {
+                return fail("ggml_backend_cpu_buffer_from_ptr failed");
+            }
+            scratch.buffers.push(b);
+            wrapped.insert(h, b);
+        }
+
+        let mut ptrs: Vec<*mut sys::ggml_tensor> = Vec::with_capacity(n);
+        for (t, c) in g.tensors.iter().zip(&g.checked) {
+            let Some((region, offset)) = c.placement else {
+                return fail("tensor without a buffer");
+            };
+            let (Some(m), Some(&buf)) = (mem.get(&region.handle), wrapped.get(&region.handle))
+            else {
+                return fail("buffer not locked");
+            };
+            let Ok(off) = usize::try_from(offset) else {
+                return fail("offset too large");
+            };
+            if off
+                .checked_add(usize::try_from(c.nbytes).unwrap_or(usize::MAX))
+                .is_none_or(|e| e > m.len)
+            {
+                return fail("tensor outside its buffer");
+            }
+            // SAFETY: ctx is live; the shape was validated (type known, counts fit i64).
+            let p = unsafe {
+                sys::ggml_new_tensor_4d(
+                    ctx,
+                    t.ty,
+                    i64::from(t.ne[0]),
+                    i64::from(t.ne[1]),
+                    i64::from(t.ne[2]),
+                    i64::from(t.ne[3]),
+                )
+            };
+            if p.is_null() {
+                return fail("ggml_new_tensor_4d failed");
+            }
+            // SAFETY: p points to a tensor owned by ctx; the data pointer lies
+            // inside the locked buffer with the tensor's whole extent (checked
+            // above and by validation).
+            unsafe {
+                let tp = &mut *p;
+                for k in 0..4 {
+                    tp.nb[k] = t.nb[k] as usize;
+                }
+                tp.op = t.op;
+                tp.op_params = t.op_params;
+                tp.flags = t.flags;
+                tp.buffer = buf;
+                tp.data = m.ptr.add(off).cast::<c_void>();
+                for (d, s) in tp.name.iter_mut().zip(t.name.iter()) {
+                    *d = *s as std::os::raw::c_char;
+                }
+                tp.name[63] = 0;
+            }
+            ptrs.push(p);
+        }
+        for i in 0..n {
+            // SAFETY: all pointers are live tensors of ctx; indices were resolved
+            // by validation (in range, acyclic).
+            unsafe {
+                let tp = &mut *ptrs[i];
+                for (k, s) in g.srcs[i].iter().enumerate() {
+                    tp.src[k] = s.map_or(std::ptr::null_mut(), |j| ptrs[j]);
+                }
+                if let Some(v) = g.view_src[i] {
+                    tp.view_src = ptrs[v];
+                    tp.view_offs = g.tensors[i].view_offs as usize;
+                }
+            }
+        }
+        for &node in &g.nodes {
+            // SAFETY: live backend and tensor.
+            if !unsafe { sys::ggml_backend_supports_op(be, ptrs[node]) } {
+                return fail(format!(
+                    "ggml-cpu does not support op {} here",
+                    g.tensors[node].op
+                ));
+            }
+        }
+
+        let lookup = LockedLookup {
+            mem,
+            regions: g
+                .checked
+                .iter()
+                .filter_map(|c| c.placement.map(|(r, _)| (r.handle, r)))
+                .collect(),
+        };
+        let mut start = 0usize;
+        let cuts: Vec<usize> = g
+            .deferred_index_checks
+            .iter()
+            .filter_map(|d| g.nodes.iter().position(|x| x == d))
+            .collect();
+        for end in cuts.iter().copied().chain(std::iter::once(g.nodes.len())) {
+            if end > start {
+                self.compute_range(be, ctx, &ptrs, &g.nodes[start..end])?;
+                start = end;
+            }
+            if end < g.nodes.len() {
+                check_index_node(g, g.nodes[end], &lookup, &self.limits)?;
+            }
+        }
+        drop(scratch);
+        Ok(())
+    }
+
+    fn compute_range(
+        &self,
+        be: sys::ggml_backend_t,
+        ctx: *mut sys::ggml_context,
+        ptrs: &[*mut sys::ggml_tensor],
+        nodes: &[usize],
+    ) -> Result<()> {
+        // SAFETY: ctx is live and was sized for one graph per segment.
+        let cg = unsafe { sys::ggml_new_graph_custom(ctx, nodes.len(), false) };
+        if cg.is_null() {
+            return fail("ggml_new_graph_custom failed");
+        }
+        for &i in nodes {
+            // SAFETY: cg has room for nodes.len() nodes; ptrs[i] is live.
+            unsafe { sys::ggml_graph_add_node(cg, ptrs[i]) };
+        }
+        // SAFETY: every tensor points into locked memory validated for its
+        // extent; ops were checked against the allowlist and ggml's support.
+        let status = unsafe { sys::ggml_backend_graph_compute(be, cg) };
+        if status != sys::GGML_STATUS_SUCCESS {
+            return fail(format!("ggml_backend_graph_compute returned {status}"));
+        }
+        Ok(())
+    }
+}
