@@ -68,8 +68,10 @@ fake() {
     local dir
     dir="$(mktemp -d)"
     cc -shared -fPIC -O1 -Wall -Werror -o "$dir/libcuda.so.1" "$here/tests/fake-libcuda/fake_cuda.c" -lpthread
+    cc -shared -fPIC -O1 -Wall -Werror -o "$dir/libgdrapi.so.2" "$here/tests/fake-libcuda/fake_gdrapi.c"
+    : > "$dir/gdrdrv"
     echo "== dry run against the fake libcuda in $dir (not a GPU)"
-    LD_LIBRARY_PATH="$dir" TRANSFER_CUDA_LATENCY_EVENTS="${TRANSFER_CUDA_LATENCY_EVENTS:-200}" run
+    LD_LIBRARY_PATH="$dir" TRANSFER_CUDA_GDRDRV="$dir/gdrdrv" TRANSFER_CUDA_LATENCY_EVENTS="${TRANSFER_CUDA_LATENCY_EVENTS:-200}" run
 }
 
 case "${1:-build}" in

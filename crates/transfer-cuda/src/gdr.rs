@@ -4,7 +4,7 @@
 //! engine or a kernel launch.
 
 use std::ffi::{c_int, c_ulong, c_void};
-use std::path::Path;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use libloading::Library;
@@ -19,6 +19,10 @@ pub const GPU_PAGE_SIZE: usize = 1 << 16;
 
 /// The device node of the gdrdrv kernel module.
 pub const GDRDRV_DEVICE: &str = "/dev/gdrdrv";
+
+/// Environment variable overriding [`GDRDRV_DEVICE`] (for dry runs with a
+/// fake libgdrapi; the real library opens `/dev/gdrdrv` itself).
+pub const GDRDRV_DEVICE_ENV: &str = "TRANSFER_CUDA_GDRDRV";
 
 type GdrT = *mut c_void;
 
@@ -68,9 +72,15 @@ macro_rules! sym {
 
 impl Gdr {
     fn open() -> Result<Self> {
-        if !Path::new(GDRDRV_DEVICE).exists() {
+        let device = std::env::var_os(GDRDRV_DEVICE_ENV)
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(GDRDRV_DEVICE));
+        if !device.exists() {
             return Err(CudaError::GdrUnavailable {
-                reason: format!("{GDRDRV_DEVICE} does not exist (gdrdrv module not loaded)"),
+                reason: format!(
+                    "{} does not exist (gdrdrv module not loaded)",
+                    device.display()
+                ),
             });
         }
         // SAFETY: loading libgdrapi runs no initialiser with preconditions.

@@ -18,6 +18,17 @@
 //!   submits that layer's pages as a paged write with an immediate.
 //! - [`device`], [`dmabuf`], [`register`]: device memory, dma-buf export and
 //!   registration through [`transfer_core::TransferEngine::register_raw`].
+//!
+//! ## Testing
+//!
+//! Without a GPU, `cargo test -p transfer-cuda` runs the allocator, watcher
+//! and engine-integration tests on plain host memory, checks the PTX with
+//! `ptxas` when one is available, and dry-runs every GPU check against a
+//! fake `libcuda.so.1`/`libgdrapi.so.2` (`tests/fake-libcuda`, built with
+//! `cc`). `tests/gpu.rs` holds the real GPU checks; they print
+//! `skipped: <reason>` without a GPU. `gpu-check.sh` builds that binary and
+//! the `kv_cache` example here (no CUDA toolkit needed), and
+//! `gpu-check.sh run` runs them unchanged on a GPU machine.
 
 pub mod context;
 pub mod device;

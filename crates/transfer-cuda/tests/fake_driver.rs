@@ -1,6 +1,6 @@
 //! A dry run of the GPU checks against a fake `libcuda.so.1`
 //! (`tests/fake-libcuda/fake_cuda.c`: host memory as "device" memory, the
-//! PTX kernels re-implemented on the CPU). It exercises everything on the
+//! PTX kernels re-implemented on the CPU; and a fake libgdrapi). It exercises everything on the
 //! Rust side of the GPU path (driver loading, every entry point, kernel
 //! argument marshalling, watchers on "pinned" memory, flags, dma-buf
 //! export, the KV-cache flow) on machines without a GPU. It proves nothing
@@ -26,23 +26,31 @@ fn build_fake() -> Option<PathBuf> {
     let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fake-libcuda/fake_cuda.c");
     let dir = std::env::temp_dir().join(format!("transfer-cuda-fake-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let out = Command::new("cc")
-        .args(["-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-o"])
-        .arg(dir.join("libcuda.so.1"))
-        .arg(&src)
-        .arg("-lpthread")
-        .output();
-    match out {
-        Ok(o) if o.status.success() => Some(dir),
-        Ok(o) => panic!(
-            "the fake libcuda does not compile: {}",
-            String::from_utf8_lossy(&o.stderr)
-        ),
-        Err(e) => {
-            println!("skipped: no C compiler to build the fake libcuda ({e})");
-            None
+    let gdr_src = src.with_file_name("fake_gdrapi.c");
+    for (source, lib) in [(&src, "libcuda.so.1"), (&gdr_src, "libgdrapi.so.2")] {
+        let out = Command::new("cc")
+            .args([
+                "-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-Werror", "-o",
+            ])
+            .arg(dir.join(lib))
+            .arg(source)
+            .arg("-lpthread")
+            .output();
+        match out {
+            Ok(o) if o.status.success() => {}
+            Ok(o) => panic!(
+                "the fake {lib} does not compile: {}",
+                String::from_utf8_lossy(&o.stderr)
+            ),
+            Err(e) => {
+                println!("skipped: no C compiler to build the fake libcuda ({e})");
+                return None;
+            }
         }
     }
+    // A stand-in for /dev/gdrdrv, so the fake libgdrapi is used.
+    std::fs::write(dir.join("gdrdrv"), b"").unwrap();
+    Some(dir)
 }
 
 fn run_child(dir: &PathBuf, extra_env: &[(&str, &str)]) -> (bool, String) {
@@ -51,6 +59,9 @@ fn run_child(dir: &PathBuf, extra_env: &[(&str, &str)]) -> (bool, String) {
         .env(CHILD, "1")
         .env("LD_LIBRARY_PATH", dir)
         .env("TRANSFER_CUDA_LATENCY_EVENTS", "50");
+    if !extra_env.iter().any(|(k, _)| *k == "NO_FAKE_GDR") {
+        cmd.env("TRANSFER_CUDA_GDRDRV", dir.join("gdrdrv"));
+    }
     for (k, v) in extra_env {
         cmd.env(k, v);
     }
@@ -73,6 +84,18 @@ fn gpu_checks_run_against_a_fake_driver() {
     assert!(ok, "the GPU checks failed against the fake driver");
     assert!(text.contains("fake CUDA device"), "the fake was loaded");
     assert!(text.contains("received and verified"), "the KV flow ran");
+    assert!(
+        text.contains("GpuFlag::new uses GDRCopy"),
+        "the GDRCopy path ran"
+    );
+    assert!(
+        text.contains("GDRCopy flag: CPU set"),
+        "the explicit GDRCopy flag ran"
+    );
+    // Without gdrdrv: the host-mapped fallback, with its reason.
+    let (ok, text) = run_child(&dir, &[("NO_FAKE_GDR", "1")]);
+    assert!(ok, "{text}");
+    assert!(text.contains("fell back to host-mapped memory"), "{text}");
     // cuInit failing (library present, no device) is a typed, skippable error.
     let (ok, text) = run_child(&dir, &[("FAKE_CUDA_NO_DEVICE", "1")]);
     println!("{text}");
