@@ -2,7 +2,7 @@
 //!
 //! GPU memory registration and GPU-to-CPU signalling for transfer-core.
 //!
-//! - [`driver`], [`context`]: the CUDA driver API, loaded at run time
+//! - [`driver`](mod@driver), [`context`]: the CUDA driver API, loaded at run time
 //!   (`libcuda.so.1`); no toolkit at build time, a typed error (never a
 //!   panic) on machines without a driver or GPU.
 //! - [`memory`], [`slots`], [`watcher`]: UVM watchers. GPU code bumps
