@@ -154,9 +154,14 @@ fn destination_down_answers_zero_and_falls_back() {
 
 #[test]
 fn upstream_like_destination_answers_zero_and_falls_back() {
-    let sa = start(small());
+    // Like ggml's own server: no extension, one connection at a time.
+    let sa = start(ServerConfig {
+        peer_connect_timeout: std::time::Duration::from_millis(300),
+        ..small()
+    });
     let sb = start(ServerConfig {
         extensions: false,
+        max_connections: 1,
         ..small()
     });
     let (mut a, ta) = setup(&sa, 64);
@@ -165,13 +170,11 @@ fn upstream_like_destination_answers_zero_and_falls_back() {
         b.probe_extensions().is_none(),
         "no extension on an upstream-like server"
     );
-    assert_eq!(
-        b.device_count().unwrap(),
-        1,
-        "probe used its own connection"
-    );
+    assert_eq!(b.device_count().unwrap(), 1, "reconnected after the probe");
     let data = pattern(64, 2);
     a.set_tensor(&ta, 0, &data).unwrap();
+    // Asked anyway, the source cannot get through (busy or no extension): 0.
+    assert!(!a.copy_tensor_to(&ta, &tb, 256, b.endpoint()).unwrap());
     assert_eq!(
         copy_between(&mut a, &ta, &mut b, &tb).unwrap(),
         CopyPath::Hub

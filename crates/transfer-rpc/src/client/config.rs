@@ -22,6 +22,12 @@ pub struct ClientConfig {
     pub io_timeout: Option<Duration>,
     /// Message size limits for responses.
     pub limits: Limits,
+    /// Ask the server for the extension right after HELLO, on the same
+    /// connection. An upstream server closes the connection on the unknown
+    /// command; the client then reconnects (before any state exists) and
+    /// remembers that the extension is absent. Upstream's server serves one
+    /// connection at a time, so the probe must not use a second connection.
+    pub probe_extensions: bool,
 }
 
 impl Default for ClientConfig {
@@ -32,6 +38,7 @@ impl Default for ClientConfig {
             connect_timeout: None,
             io_timeout: None,
             limits: Limits::default(),
+            probe_extensions: true,
         }
     }
 }

@@ -7,7 +7,7 @@ use super::config::ClientConfig;
 use super::stats::Stats;
 use crate::error::{Result, RpcError};
 use crate::protocol::frame::{REQUEST_HEADER_SIZE, decode_response_header};
-use crate::protocol::hello::{FEATURE_COPY_TENSOR_TO, HelloRequest};
+use crate::protocol::hello::{FEATURE_COPY_TENSOR_TO, FEATURE_PEER_BARRIER, HelloRequest};
 use crate::protocol::response::expected_size;
 use crate::protocol::tensor::MAX_SRC;
 use crate::protocol::{
@@ -66,6 +66,22 @@ impl Client {
     /// Connects to `endpoint` (`host:port`) and performs HELLO, refusing a
     /// server whose version an upstream 7.0 client would refuse.
     pub fn connect(endpoint: &str, config: ClientConfig) -> Result<Client> {
+        let mut c = Client::connect_plain(endpoint, config)?;
+        if c.config.probe_extensions && c.ext_query().is_err() {
+            // An upstream server closed the connection: start over,
+            // remembering that the extension is absent.
+            let mut again = Client::connect_plain(endpoint, c.config.clone())?;
+            again.ext = Some(None);
+            if let (Some(old), Some(new)) = (c.stats.as_ref(), again.stats.as_mut()) {
+                new.merge(old);
+            }
+            c = again;
+        }
+        Ok(c)
+    }
+
+    /// Connects and performs HELLO only (no extension probe).
+    pub fn connect_plain(endpoint: &str, config: ClientConfig) -> Result<Client> {
         let stream = open(endpoint, &config)?;
         let stats = config.stats.then(Stats::default);
         let mut c = Client {
@@ -83,6 +99,16 @@ impl Client {
         h.check_compatible()?;
         c.server_version = h;
         Ok(c)
+    }
+
+    /// Changes the read/write timeout of the connection.
+    pub fn set_io_timeout(&mut self, timeout: Option<std::time::Duration>) -> Result<()> {
+        self.stream
+            .set_read_timeout(timeout)
+            .and_then(|()| self.stream.set_write_timeout(timeout))
+            .map_err(|e| RpcError::io("set_io_timeout", e))?;
+        self.config.io_timeout = timeout;
+        Ok(())
     }
 
     /// The endpoint this client connected to (what COPY_TENSOR_TO sends to
@@ -365,9 +391,9 @@ impl Client {
         .map(drop)
     }
 
-    /// EXT_QUERY on this connection. Against a server without the extension
-    /// the connection is closed by the server: use [`Client::probe_extensions`]
-    /// unless this connection may be dropped.
+    /// EXT_QUERY on this connection. A server without the extension closes
+    /// the connection: only use this on a connection that may be dropped
+    /// ([`Client::connect`] does it once, before any state exists).
     pub fn ext_query(&mut self) -> Result<ExtInfo> {
         match self.call(&Request::ExtQuery, 0) {
             Ok(Response::Ext(e)) => {
@@ -383,27 +409,23 @@ impl Client {
         }
     }
 
-    /// Whether the server serves the extension, probed once on a throwaway
-    /// connection (an upstream server closes it) and cached.
-    pub fn probe_extensions(&mut self) -> Option<ExtInfo> {
-        if let Some(known) = self.ext {
-            return known;
-        }
-        let probe_cfg = ClientConfig {
-            stats: false,
-            ..self.config.clone()
-        };
-        let found = Client::connect(&self.endpoint, probe_cfg)
-            .and_then(|mut c| c.ext_query())
-            .ok();
-        self.ext = Some(found);
-        found
+    /// What the server said about the extension at connect time (`None`
+    /// when it does not serve it or was not asked).
+    pub fn probe_extensions(&self) -> Option<ExtInfo> {
+        self.ext.flatten()
     }
 
-    /// True when the server serves COPY_TENSOR_TO (probed once).
-    pub fn supports_copy_to(&mut self) -> bool {
+    /// True when the server serves COPY_TENSOR_TO (asked at connect time).
+    pub fn supports_copy_to(&self) -> bool {
         self.probe_extensions()
             .is_some_and(|e| e.has(FEATURE_COPY_TENSOR_TO))
+    }
+
+    /// True when the server serves PEER_BARRIER, i.e. can be the
+    /// destination of a direct copy.
+    pub fn supports_peer_barrier(&self) -> bool {
+        self.probe_extensions()
+            .is_some_and(|e| e.has(FEATURE_PEER_BARRIER))
     }
 
     /// COPY_TENSOR_TO: asks this (source) server to write `size` bytes of

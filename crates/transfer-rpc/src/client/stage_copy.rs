@@ -17,8 +17,10 @@ pub enum CopyPath {
 
 /// Copies all of `src_tensor` (on `src`) into `dst_tensor` (on `dst`).
 ///
-/// Tries COPY_TENSOR_TO when `src`'s config allows P2P and the source server
-/// supports it; any recoverable failure (answer 0) falls back to the hub.
+/// Tries COPY_TENSOR_TO when `src`'s config allows P2P and both servers
+/// serve the extension (known from connect time, so an upstream server is
+/// never sent an extension command); any recoverable failure (answer 0)
+/// falls back to the hub.
 /// When this returns, the data is in place on the destination: the direct
 /// path has passed PEER_BARRIER, and the hub path's SET_TENSOR precedes any
 /// later command on `dst`'s connection.
@@ -35,7 +37,7 @@ pub fn copy_between(
             "invalid destination type",
         ));
     }
-    if src.config().p2p && src.supports_copy_to() {
+    if src.config().p2p && src.supports_copy_to() && dst.supports_peer_barrier() {
         let endpoint = dst.endpoint().to_owned();
         if src.copy_tensor_to(src_tensor, dst_tensor, size, &endpoint)? {
             return Ok(CopyPath::Direct);

@@ -55,15 +55,19 @@ impl PeerPool {
     }
 
     fn connect(&self, endpoint: &str) -> Result<Client> {
+        // The handshake gets the short timeout: an upstream destination
+        // serves one connection at a time and would leave it unanswered.
         let cfg = ClientConfig {
             p2p: false,
             stats: false,
             connect_timeout: Some(self.config.connect_timeout),
-            io_timeout: Some(self.config.io_timeout),
+            io_timeout: Some(self.config.connect_timeout),
+            probe_extensions: false,
             ..ClientConfig::default()
         };
-        let mut c = Client::connect(endpoint, cfg)?;
+        let mut c = Client::connect_plain(endpoint, cfg)?;
         let ext = c.ext_query()?;
+        c.set_io_timeout(Some(self.config.io_timeout))?;
         if !ext.has(FEATURE_PEER_BARRIER) {
             return Err(RpcError::ExtensionUnsupported {
                 call: "COPY_TENSOR_TO",
