@@ -1,4 +1,220 @@
-fn main() {
-    eprintln!("transfer-bench: not implemented yet (issue 4)");
-    std::process::exit(2);
+//! transfer-bench: the TransferEngine measured next to the raw provider.
+//!
+//! `local` (what `cargo xtask bench` runs) starts a `serve` child on this
+//! machine and drives it; `serve` / `run --peer` are the two roles for real
+//! clusters, exchanging addresses over a TCP side channel.
+
+mod backend;
+mod baseline;
+mod cpu;
+mod driver;
+mod error;
+mod local;
+mod plan;
+mod plot;
+mod proto;
+mod report;
+mod results;
+mod run;
+mod server;
+mod stats;
+mod sweeps;
+mod verify;
+
+use std::io::Write as _;
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use transfer_core::Domain;
+
+use crate::backend::BackendOpts;
+use crate::error::{Result, io};
+use crate::plan::{Mode, Plan};
+
+#[derive(Parser)]
+#[command(
+    name = "transfer-bench",
+    about = "TransferEngine benchmarks next to raw-provider baselines"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(clap::Args, Clone)]
+struct Common {
+    /// libfabric provider (tcp, shm, efa, udp, ...); default: TRANSFER_PROVIDER, else efa if present, else tcp.
+    #[arg(long)]
+    provider: Option<String>,
+    /// NICs (domains) per engine.
+    #[arg(long, default_value_t = 1)]
+    nics: usize,
+    /// IP address to bind endpoints to (multi-host runs); default loopback.
+    #[arg(long)]
+    bind: Option<String>,
+}
+
+impl Common {
+    fn opts(&self) -> BackendOpts {
+        BackendOpts {
+            provider: self.provider.clone(),
+            bind: self.bind.clone(),
+            nics: self.nics,
+        }
+    }
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// The NICs and provider this machine offers.
+    Info {
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Two processes on this machine: a server child and this driver.
+    Local {
+        #[command(flatten)]
+        common: Common,
+        /// quick, default or full.
+        #[arg(long, value_enum, default_value_t = Mode::Default)]
+        mode: Mode,
+        /// Shorthand for --mode quick.
+        #[arg(long)]
+        quick: bool,
+        /// Shorthand for --mode full.
+        #[arg(long)]
+        full: bool,
+        /// Engines in the server process (the G of scatter and barrier).
+        #[arg(long, default_value_t = 4)]
+        peers: usize,
+        /// Output directory.
+        #[arg(long, default_value = "target/bench")]
+        out: PathBuf,
+    },
+    /// Server role: engines that receive and echo (run on every host but the driver's).
+    Serve {
+        #[command(flatten)]
+        common: Common,
+        /// Side-channel address to listen on.
+        #[arg(long, default_value = "0.0.0.0:7470")]
+        listen: String,
+        /// Engines to start (each is one scatter / barrier peer).
+        #[arg(long, default_value_t = 1)]
+        engines: usize,
+        /// The driver's mode (sets the region size per engine).
+        #[arg(long, value_enum, default_value_t = Mode::Default)]
+        mode: Mode,
+        /// Region size per engine in bytes (default: what --mode needs).
+        #[arg(long)]
+        region_len: Option<u64>,
+        /// Exit after the first driver leaves.
+        #[arg(long)]
+        once: bool,
+    },
+    /// Driver role: runs the sweeps against one or more servers.
+    Run {
+        #[command(flatten)]
+        common: Common,
+        /// Side-channel address of a server (repeat for several hosts).
+        #[arg(long = "peer", required = true)]
+        peers: Vec<String>,
+        /// quick, default or full.
+        #[arg(long, value_enum, default_value_t = Mode::Default)]
+        mode: Mode,
+        /// Output directory.
+        #[arg(long, default_value = "target/bench")]
+        out: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    match real_main(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("transfer-bench: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn real_main(cli: Cli) -> Result<()> {
+    match cli.cmd {
+        Cmd::Info { common } => info(&common.opts()),
+        Cmd::Local {
+            common,
+            mode,
+            quick,
+            full,
+            peers,
+            out,
+        } => {
+            let mode = if quick {
+                Mode::Quick
+            } else if full {
+                Mode::Full
+            } else {
+                mode
+            };
+            local::run(&common.opts(), &Plan::new(mode), peers.max(1), &out).map(|_| ())
+        }
+        Cmd::Serve {
+            common,
+            listen,
+            engines,
+            mode,
+            region_len,
+            once,
+        } => {
+            let region_len = region_len.unwrap_or(Plan::new(mode).region_len);
+            let listener = TcpListener::bind(&listen).map_err(io("serve: bind"))?;
+            let addr = listener.local_addr().map_err(io("serve: local_addr"))?;
+            println!("listening {addr}");
+            std::io::stdout().flush().map_err(io("serve: stdout"))?;
+            server::serve(&listener, &common.opts(), engines, region_len, once)
+        }
+        Cmd::Run {
+            common,
+            peers,
+            mode,
+            out,
+        } => {
+            let layout = format!("driver + {} server host(s)", peers.len());
+            run::drive(&peers, &common.opts(), &Plan::new(mode), &out, &layout).map(|_| ())
+        }
+    }
+}
+
+fn info(opts: &BackendOpts) -> Result<()> {
+    let lib = transfer_efa::Library::load()?;
+    println!("libfabric {} ({})", lib.version_string(), lib.path());
+    let provider = opts.provider()?;
+    println!("provider: {provider}");
+    let domains = transfer_efa::open_domains(&opts.config()?)?;
+    for (i, d) in domains.iter().enumerate() {
+        let info = d.info();
+        let speed = if info.link_speed_bps > 0 {
+            format!("{:.0} Gb/s", info.link_speed_bps as f64 / 1e9)
+        } else {
+            "unknown".into()
+        };
+        println!(
+            "domain {i}: {} provider {} api {} link {speed} mr_mode {:#x} ({}) numa {} ordering {:?} max write {} B",
+            info.name,
+            info.provider,
+            d.api_version(),
+            d.mr_mode(),
+            if d.virt_addr() {
+                "virtual addresses"
+            } else {
+                "offsets"
+            },
+            info.numa_node
+                .map_or_else(|| "unknown".into(), |n| n.to_string()),
+            info.ordering,
+            info.max_write_size
+        );
+    }
+    Ok(())
 }

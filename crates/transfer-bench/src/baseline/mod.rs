@@ -1,0 +1,5 @@
+//! Baselines measured in the same run as the engine.
+
+pub mod memcpy;
+pub mod pingpong;
+pub mod rawloop;

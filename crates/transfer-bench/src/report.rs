@@ -1,0 +1,105 @@
+//! The terminal table.
+
+use std::fmt::Write as _;
+
+use crate::results::{Figure, Metric, Results, Row};
+
+fn value(metric: Metric, f: &Figure) -> String {
+    match metric {
+        Metric::Bandwidth => {
+            let v = f.value;
+            if v >= 1e9 {
+                format!("{:.2} GB/s", v / 1e9)
+            } else {
+                format!("{:.1} MB/s", v / 1e6)
+            }
+        }
+        Metric::Rate => format!("{:.1} k/s", f.value / 1e3),
+        Metric::Latency => format!("{:.1} us", f.value),
+    }
+}
+
+fn tail(f: &Figure) -> String {
+    f.latency
+        .map(|l| format!("{:.1}/{:.1}", l.p50_us, l.p99_us))
+        .unwrap_or_default()
+}
+
+fn verdict(r: &Row) -> &'static str {
+    match r.meets_target() {
+        Some(true) => "met",
+        Some(false) => "MISSED",
+        None => "",
+    }
+}
+
+/// Renders the results as a fixed-width table.
+pub fn table(res: &Results) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "transfer-bench: provider {} (libfabric {}), {} mode, {}",
+        res.provider, res.libfabric, res.mode, res.layout
+    );
+    let _ = writeln!(
+        out,
+        "{:<13} {:<22} {:>12} {:>12} {:>7} {:>8} {:>7} {:>16} {:<3}",
+        "sweep", "point", "engine", "baseline", "ratio", "target", "", "p50/p99 us", "ok"
+    );
+    let _ = writeln!(out, "{}", "-".repeat(110));
+    for r in &res.rows {
+        let base = r
+            .baseline
+            .as_ref()
+            .map(|b| value(r.metric, b))
+            .unwrap_or_else(|| "-".into());
+        let ratio = r
+            .ratio
+            .map(|x| format!("{x:.2}"))
+            .unwrap_or_else(|| "-".into());
+        let _ = writeln!(
+            out,
+            "{:<13} {:<22} {:>12} {:>12} {:>7} {:>8} {:>7} {:>16} {:<3}",
+            r.sweep,
+            r.label,
+            value(r.metric, &r.engine),
+            base,
+            ratio,
+            r.target.clone().unwrap_or_default(),
+            verdict(r),
+            tail(&r.engine),
+            if r.verified { "yes" } else { "no" }
+        );
+    }
+    let mut baselines: Vec<&str> = res
+        .rows
+        .iter()
+        .filter_map(|r| r.baseline_name.as_deref())
+        .collect();
+    baselines.sort_unstable();
+    baselines.dedup();
+    let _ = writeln!(out, "baselines: {}", baselines.join("; "));
+    if let Some(m) = res.memcpy_bytes_per_sec {
+        let _ = writeln!(
+            out,
+            "memcpy (one core, this machine's limit for shm): {:.2} GB/s",
+            m / 1e9
+        );
+    }
+    if let Some(idle) = &res.idle {
+        let verdict = if idle.percent_of_core < 2.0 {
+            "met"
+        } else {
+            "MISSED"
+        };
+        let _ = writeln!(
+            out,
+            "idle engine: {:.2} % of one core over {:.0} s (target < 2 %: {verdict}); idle policy: {}",
+            idle.percent_of_core, idle.seconds, idle.policy
+        );
+    }
+    for n in &res.notes {
+        let _ = writeln!(out, "note: {n}");
+    }
+    out
+}

@@ -1,0 +1,108 @@
+//! Running every sweep and writing the results.
+
+use std::path::{Path, PathBuf};
+
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::backend::{BackendOpts, idle_policy};
+use crate::baseline::memcpy;
+use crate::driver::Driver;
+use crate::error::{Result, io};
+use crate::plan::Plan;
+use crate::results::{IdleCost, Results, SCHEMA_VERSION};
+use crate::{cpu, plot, report, sweeps};
+
+type Sweep = fn(&mut Driver, &Plan, &ProgressBar) -> Result<Vec<crate::results::Row>>;
+
+/// Runs the driver against `peers`, prints the table, writes JSON and plots to `out`.
+pub fn drive(
+    peers: &[String],
+    opts: &BackendOpts,
+    plan: &Plan,
+    out: &Path,
+    layout: &str,
+) -> Result<Results> {
+    let mut d = Driver::connect(peers, opts, plan)?;
+    let steps = plan.bw_sizes.len()
+        + plan.lat_sizes.len()
+        + 1
+        + plan.paged.len()
+        + plan.scatter_sizes.len()
+        + 2
+        + plan.msg_sizes.len();
+    let pb = ProgressBar::new(steps as u64);
+    pb.set_style(
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    pb.enable_steady_tick(std::time::Duration::from_millis(200));
+    let sweeps: [Sweep; 8] = [
+        sweeps::write_bandwidth,
+        sweeps::write_latency,
+        sweeps::imm_rate,
+        sweeps::paged,
+        sweeps::scatter,
+        sweeps::barrier,
+        sweeps::imm_pingpong,
+        sweeps::send_recv,
+    ];
+    let mut rows = Vec::new();
+    for s in sweeps {
+        rows.extend(s(&mut d, plan, &pb)?);
+    }
+    pb.finish_and_clear();
+    let mut notes = Vec::new();
+    let skipped = plan
+        .paged
+        .iter()
+        .filter(|(p, n)| p * n > plan.region_len)
+        .count();
+    if skipped > 0 {
+        notes.push(format!(
+            "{skipped} paged point(s) need more than the {} MiB region of this mode (use --full)",
+            plan.region_len >> 20
+        ));
+    }
+    d.bye();
+    eprintln!("measuring the idle engine for {:.0} s ...", plan.idle_secs);
+    let idle = cpu::idle_percent(plan.idle_secs).map(|p| IdleCost {
+        seconds: plan.idle_secs,
+        percent_of_core: p,
+        policy: idle_policy().to_string(),
+    });
+    let libfabric = transfer_efa::Library::load()
+        .map(|l| l.version_string())
+        .unwrap_or_default();
+    let res = Results {
+        schema: SCHEMA_VERSION,
+        provider: d.provider.clone(),
+        libfabric,
+        mode: format!("{:?}", plan.mode).to_lowercase(),
+        layout: layout.into(),
+        rows,
+        idle,
+        memcpy_bytes_per_sec: Some(memcpy::bandwidth(64 << 20, 5)),
+        notes,
+    };
+    write(&res, out)?;
+    Ok(res)
+}
+
+/// Prints the table and writes `results.json` and the plots under `out`.
+pub fn write(res: &Results, out: &Path) -> Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(out).map_err(io("create output directory"))?;
+    print!("{}", report::table(res));
+    let json = out.join("results.json");
+    let text = serde_json::to_string_pretty(res)
+        .map_err(|e| crate::error::protocol("results", e.to_string()))?;
+    std::fs::write(&json, text).map_err(io("write results.json"))?;
+    let mut files = vec![json];
+    match plot::write_all(res, out) {
+        Ok(p) => files.extend(p),
+        Err(e) => eprintln!("plots: {e}"),
+    }
+    for f in &files {
+        println!("wrote {}", f.display());
+    }
+    Ok(files)
+}
