@@ -2,6 +2,10 @@
 
 use crate::{deps, step};
 
+/// Features every workspace build of the tests enables. Not `--all-features`:
+/// optional native builds (transfer-rpc's ggml) run as their own step.
+const WORKSPACE_FEATURES: &str = "transfer-core/test-domain,transfer-core/conformance";
+
 pub fn run(args: &[String]) -> Result<(), String> {
     for a in args {
         match a.as_str() {
