@@ -21,7 +21,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
             "clippy",
             "--workspace",
             "--all-targets",
-            "--all-features",
+            "--features",
+            WORKSPACE_FEATURES,
             "--",
             "-D",
             "warnings",
@@ -29,7 +30,13 @@ pub fn run(args: &[String]) -> Result<(), String> {
     )?;
     step::cargo(
         "tests",
-        &["test", "--workspace", "--all-features", "--no-fail-fast"],
+        &[
+            "test",
+            "--workspace",
+            "--features",
+            WORKSPACE_FEATURES,
+            "--no-fail-fast",
+        ],
     )?;
     eprintln!("==> all checks passed");
     Ok(())
