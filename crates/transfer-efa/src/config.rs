@@ -53,11 +53,11 @@ pub struct Config {
     /// once it left the sender, so a wrong key goes unnoticed and
     /// `Completed` does not mean the data is visible at the peer.
     ///
-    /// `None` (default): on, except for `shm`, whose 1.17 delivery-complete
-    /// path never completes a zero-byte write nor a write refused by the
-    /// target, and then stalls every later operation to that peer; shm
-    /// without it copies data before completing large writes and drops
-    /// refused writes silently. Zero-byte writes never ask for it.
+    /// `None` (default): on. Zero-byte writes never ask for it (1.17 shm
+    /// never completes a zero-byte delivery-complete write; an immediate
+    /// needs no placement guarantee). Measured on 1.17: shm and
+    /// udp;ofi_rxd never complete a write the target refused, with or
+    /// without it, so there only the peer timeout reports the refusal.
     pub delivery_complete: Option<bool>,
 }
 

@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::ffi::c_void;
 
-use transfer_core::{DomainMr, PeerId, RecvToken};
+use transfer_core::{DomainMr, PeerId, RecvToken, WriteOp};
 
 use crate::mr::MemoryRegistration;
 use crate::sys;
@@ -34,6 +34,10 @@ pub(crate) enum SlotKind {
         op: u64,
         /// Destination.
         peer: PeerId,
+        /// The write, kept for one retry after a broken connection.
+        write: WriteOp,
+        /// Whether this is that retry.
+        retried: bool,
     },
     /// A send.
     Send {

@@ -30,6 +30,9 @@ enum PostError {
     Fail(TransferError),
 }
 
+/// Delay before a write that met a broken connection is posted again.
+const RETRY_DELAY: Duration = Duration::from_millis(20);
+
 /// CQ reads per poll pass (each up to 64 entries), so one pass is bounded.
 const CQ_READS_PER_POLL: usize = 8;
 
@@ -54,7 +57,7 @@ impl LibfabricDomain {
         ret == -(sys::FI_EAGAIN as isize)
     }
 
-    fn post_write(&mut self, op: u64, w: &WriteOp) -> Result<(), PostError> {
+    fn post_write(&mut self, op: u64, w: &WriteOp, retried: bool) -> Result<(), PostError> {
         const CALL: &str = "fi_writemsg";
         let dest = self.peers.fi_addr(CALL, w.peer).map_err(PostError::Fail)?;
         let desc = self
@@ -64,7 +67,12 @@ impl LibfabricDomain {
                 call: CALL,
             }))?
             .desc();
-        let ctx = self.slots.alloc(SlotKind::Write { op, peer: w.peer });
+        let ctx = self.slots.alloc(SlotKind::Write {
+            op,
+            peer: w.peer,
+            write: *w,
+            retried,
+        });
         // SAFETY: the local span lies inside a live registration (checked at
         // submit; the engine keeps it registered until Completed), `dest`
         // comes from our AV, and `ctx` is a slot that lives until its
@@ -204,7 +212,7 @@ impl LibfabricDomain {
     /// Posts one queued item; `false` when the provider is full.
     fn post_pending(&mut self, pending: Pending) -> bool {
         match pending {
-            Pending::Write { op, write } => {
+            Pending::Write { op, write, retried } => {
                 if !self.ops.is_live(op) {
                     return true;
                 }
@@ -212,13 +220,13 @@ impl LibfabricDomain {
                     self.finish(op, Ok(()), false);
                     return true;
                 }
-                match self.post_write(op, &write) {
+                match self.post_write(op, &write, retried) {
                     Ok(()) => {
                         self.ops.posted(op, Instant::now());
                         true
                     }
                     Err(PostError::Again) => {
-                        self.queue.push_front(Pending::Write { op, write });
+                        self.queue.push_front(Pending::Write { op, write, retried });
                         false
                     }
                     Err(PostError::Fail(e)) => {
@@ -251,6 +259,16 @@ impl LibfabricDomain {
 
     /// Posts queued work, up to `limit` items.
     fn drain_queue(&mut self, limit: usize) {
+        if !self.retries.is_empty() {
+            let now = Instant::now();
+            let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.retries)
+                .into_iter()
+                .partition(|(at, _)| *at <= now);
+            self.retries = later;
+            for (_, p) in due {
+                self.queue.push_front(p);
+            }
+        }
         for _ in 0..limit {
             let Some(p) = self.queue.pop_front() else {
                 break;
@@ -282,8 +300,12 @@ impl LibfabricDomain {
                     self.ready.push(DomainEvent::Imm { imm: e.data as u32 });
                 }
             }
-            Some(SlotKind::Write { op, .. }) => self.finish(op, Ok(()), true),
-            Some(SlotKind::Send { op, payload, .. }) => {
+            Some(SlotKind::Write { op, peer, .. }) => {
+                self.peers.success(peer);
+                self.finish(op, Ok(()), true);
+            }
+            Some(SlotKind::Send { op, payload, peer }) => {
+                self.peers.success(peer);
                 self.release_payload(payload);
                 self.finish(op, Ok(()), true);
             }
@@ -321,17 +343,42 @@ impl LibfabricDomain {
             message: message.clone(),
         };
         match kind {
-            Some(SlotKind::Write { op, peer }) => {
-                if is_connection_error(e.err) || is_connection_error(e.prov_errno) {
-                    self.kill_peer(peer, format!("fi_writemsg: {message}"));
+            Some(SlotKind::Write {
+                op,
+                peer,
+                write,
+                retried,
+            }) => {
+                let broken = self.connection_error(peer, e, &message, "fi_writemsg");
+                // A write that met a broken connection is posted once more
+                // (tcp;ofi_rxm reconnects on the next operation): writes are
+                // idempotent. Not with an immediate, which could then be
+                // delivered twice.
+                if broken
+                    && !retried
+                    && write.imm.is_none()
+                    && !self.peers.is_dead(peer)
+                    && self.ops.is_live(op)
+                {
+                    self.ops.unpost(op);
+                    // Not at once: the provider resets the connection when it
+                    // processes the disconnect event, during a later progress
+                    // call; a retry posted before that meets the dead socket.
+                    self.retries.push((
+                        Instant::now() + RETRY_DELAY,
+                        Pending::Write {
+                            op,
+                            write,
+                            retried: true,
+                        },
+                    ));
+                } else {
+                    self.finish(op, Err(error("fi_writemsg")), true);
                 }
-                self.finish(op, Err(error("fi_writemsg")), true);
             }
             Some(SlotKind::Send { op, peer, payload }) => {
                 self.release_payload(payload);
-                if is_connection_error(e.err) || is_connection_error(e.prov_errno) {
-                    self.kill_peer(peer, format!("fi_send: {message}"));
-                }
+                let _ = self.connection_error(peer, e, &message, "fi_send");
                 self.finish(op, Err(error("fi_send")), true);
             }
             Some(SlotKind::Recv {
@@ -357,6 +404,44 @@ impl LibfabricDomain {
         self.last_completion = Instant::now();
     }
 
+    /// Counts a connection error against `peer`, killing it when
+    /// [`crate::peers::Peers::strike`] says so. Returns whether `e` was a
+    /// connection error.
+    fn connection_error(
+        &mut self,
+        peer: PeerId,
+        e: &sys::fi_cq_err_entry,
+        message: &str,
+        call: &str,
+    ) -> bool {
+        if !(is_connection_error(e.err) || is_connection_error(e.prov_errno)) {
+            // Any other error (e.g. a refused key) is an answer: the peer lives.
+            self.peers.success(peer);
+            return false;
+        }
+        let refused = e.err == libc::ECONNREFUSED || e.prov_errno == libc::ECONNREFUSED;
+        if self.peers.strike(peer, refused) {
+            self.kill_peer(peer, format!("{call}: {message}"));
+        } else {
+            self.reset_connection(peer);
+        }
+        true
+    }
+
+    /// Replaces a peer's AV entry with a fresh one: connection-oriented
+    /// providers (tcp;ofi_rxm) drop the broken connection with the old
+    /// entry and connect anew on the next operation.
+    fn reset_connection(&mut self, peer: PeerId) {
+        let Some((raw, old)) = self.peers.entry(peer) else {
+            return;
+        };
+        let _ = self.av.remove(old);
+        match self.av.insert(&raw) {
+            Ok(new) => self.peers.set_fi_addr(peer, new),
+            Err(e) => self.kill_peer(peer, format!("reconnect: {e}")),
+        }
+    }
+
     /// Marks a peer dead and fails every call with work posted to it.
     fn kill_peer(&mut self, peer: PeerId, reason: String) {
         if self.peers.is_dead(peer) {
@@ -367,7 +452,7 @@ impl LibfabricDomain {
             .slots
             .posted()
             .filter_map(|k| match k {
-                SlotKind::Write { op, peer: p } | SlotKind::Send { op, peer: p, .. }
+                SlotKind::Write { op, peer: p, .. } | SlotKind::Send { op, peer: p, .. }
                     if *p == peer =>
                 {
                     Some(*op)
@@ -403,7 +488,9 @@ impl LibfabricDomain {
                 .slots
                 .posted()
                 .filter_map(|k| match k {
-                    SlotKind::Write { op, peer } | SlotKind::Send { op, peer, .. } if *op == id => {
+                    SlotKind::Write { op, peer, .. } | SlotKind::Send { op, peer, .. }
+                        if *op == id =>
+                    {
                         Some(*peer)
                     }
                     _ => None,
@@ -414,7 +501,7 @@ impl LibfabricDomain {
                     .queue
                     .iter()
                     .filter_map(|p| match p {
-                        Pending::Write { op, write } if *op == id => Some(write.peer),
+                        Pending::Write { op, write, .. } if *op == id => Some(write.peer),
                         Pending::Send { op, peer, .. } if *op == id => Some(*peer),
                         _ => None,
                     })
@@ -633,10 +720,15 @@ impl Domain for LibfabricDomain {
             self.post_pending(Pending::Write {
                 op: id,
                 write: *first,
+                retried: false,
             });
         }
         for w in iter {
-            self.queue.push_back(Pending::Write { op: id, write: *w });
+            self.queue.push_back(Pending::Write {
+                op: id,
+                write: *w,
+                retried: false,
+            });
         }
     }
 
@@ -648,6 +740,9 @@ impl Domain for LibfabricDomain {
     }
 
     fn has_pending(&self) -> bool {
-        !self.ops.is_empty() || !self.queue.is_empty() || !self.ready.is_empty()
+        !self.ops.is_empty()
+            || !self.queue.is_empty()
+            || !self.retries.is_empty()
+            || !self.ready.is_empty()
     }
 }

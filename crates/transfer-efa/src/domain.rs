@@ -13,6 +13,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::time::Instant;
 
 use transfer_core::{DomainEvent, DomainMr, NicAddress, RecvToken, Result, WriteOp};
@@ -41,6 +42,8 @@ pub(crate) enum Pending {
         op: u64,
         /// The write.
         write: WriteOp,
+        /// Whether this is a retry after a broken connection.
+        retried: bool,
     },
     /// A send.
     Send {
@@ -74,7 +77,7 @@ pub struct LibfabricDomain {
     pub(crate) cq: CompletionQueue,
     pub(crate) av: AddressVector,
     pub(crate) domain: FiDomain,
-    _fabric: Fabric,
+    pub(crate) fabric: Fabric,
     pub(crate) info: OwnedInfo,
     pub(crate) lib: Arc<Library>,
 
@@ -89,6 +92,9 @@ pub struct LibfabricDomain {
     pub(crate) peers: Peers,
     pub(crate) ops: Ops,
     pub(crate) queue: VecDeque<Pending>,
+    /// Writes waiting to be retried after a broken connection, with the
+    /// time they may go.
+    pub(crate) retries: Vec<(Instant, Pending)>,
     pub(crate) recv_queue: VecDeque<PendingRecv>,
     pub(crate) ready: Vec<DomainEvent>,
     pub(crate) last_completion: Instant,
@@ -102,6 +108,29 @@ pub struct LibfabricDomain {
 // of the objects is bound to the thread that opened it. The raw pointers in
 // queued receives point into memory the engine keeps registered.
 unsafe impl Send for LibfabricDomain {}
+
+impl Drop for LibfabricDomain {
+    /// Closes everything in field order, except on `shm`: libfabric 1.17
+    /// shm lets a peer in the same process use this endpoint's shared
+    /// region directly, and closing it while that peer still processes
+    /// our commands crashes the peer (measured: SIGSEGV inside fi_cq_read
+    /// when one engine is dropped with transfers in flight). So an shm
+    /// domain leaks its endpoint, CQ, AV, domain, fabric, operation
+    /// contexts and send slab (a few MiB, once per closed domain) and only
+    /// closes its memory registrations, which refuses later accesses.
+    fn drop(&mut self) {
+        if self.info.provider_name() != "shm" {
+            return;
+        }
+        self.ep.ptr = std::ptr::null_mut();
+        self.cq.ptr = std::ptr::null_mut();
+        self.av.ptr = std::ptr::null_mut();
+        self.domain.ptr = std::ptr::null_mut();
+        self.fabric.ptr = std::ptr::null_mut();
+        std::mem::forget(std::mem::take(&mut self.slots));
+        std::mem::forget(self.bounce.take());
+    }
+}
 
 impl std::fmt::Debug for LibfabricDomain {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -177,7 +206,15 @@ pub fn open_loopback_domains(config: &Config, n: usize) -> Result<Vec<LibfabricD
 }
 
 impl LibfabricDomain {
-    pub(crate) fn open(info: OwnedInfo, config: &Config) -> Result<Self> {
+    pub(crate) fn open(mut info: OwnedInfo, config: &Config) -> Result<Self> {
+        if info.provider_name() == "shm" && info.addr_format() == sys::FI_ADDR_STR {
+            // shm derives the endpoint's name from the source address plus
+            // a counter it restarts, which collides with the endpoints our
+            // Drop leaks (fi_enable: EBUSY): give each one a name of its own.
+            static NEXT: AtomicU64 = AtomicU64::new(0);
+            let n = NEXT.fetch_add(1, AtomicOrdering::Relaxed);
+            info.set_src_addr_str(&format!("fi_shm://{}-{n}", std::process::id()))?;
+        }
         let lib = info.library().clone();
         let fabric = Fabric::open(&info)?;
         let domain = FiDomain::open(&fabric, &info)?;
@@ -216,12 +253,9 @@ impl LibfabricDomain {
             cq,
             av,
             domain,
-            _fabric: fabric,
+            fabric,
             max_write: info.max_msg_size(),
-            write_flags: if config
-                .delivery_complete
-                .unwrap_or(info.provider_name() != "shm")
-            {
+            write_flags: if config.delivery_complete.unwrap_or(true) {
                 sys::FI_DELIVERY_COMPLETE
             } else {
                 0
@@ -237,6 +271,7 @@ impl LibfabricDomain {
             peers: Peers::default(),
             ops: Ops::default(),
             queue: VecDeque::new(),
+            retries: Vec::new(),
             recv_queue: VecDeque::new(),
             ready: Vec::new(),
             last_completion: now,

@@ -14,11 +14,17 @@ use crate::info::OwnedInfo;
 use crate::library::Library;
 use crate::sys;
 
-/// Closes a fid through its vtable; returns the libfabric status.
+/// Closes a fid through its vtable; returns the libfabric status. A NULL
+/// fid (an object deliberately leaked, see `LibfabricDomain`'s Drop) is
+/// left alone.
 ///
 /// # Safety
-/// `fid` must be a live object of a libfabric class, closed at most once.
+/// `fid` must be NULL or a live object of a libfabric class, closed at
+/// most once.
 pub(crate) unsafe fn close_fid(fid: *mut sys::fid) -> i32 {
+    if fid.is_null() {
+        return 0;
+    }
     // SAFETY: the caller guarantees `fid` is live; every fid has ops->close.
     unsafe {
         match (*fid).ops.as_ref().and_then(|ops| ops.close) {

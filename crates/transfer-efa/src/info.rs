@@ -40,6 +40,21 @@ fn c_str(p: *const c_char) -> String {
 }
 
 impl OwnedInfo {
+    /// Replaces the source address with a string address (FI_ADDR_STR).
+    pub(crate) fn set_src_addr_str(&mut self, addr: &str) -> Result<()> {
+        let new = strdup("source address", addr)?;
+        // SAFETY: `ptr` is our own fi_info; its src_addr is NULL or malloc'd
+        // by libfabric (fi_dupinfo), so free() matches; the new string is
+        // malloc'd by strdup and released by fi_freeinfo.
+        unsafe {
+            let info = &mut *self.ptr;
+            libc::free(info.src_addr);
+            info.src_addr = new.cast();
+            info.src_addrlen = addr.len() + 1;
+        }
+        Ok(())
+    }
+
     pub(crate) fn as_ptr(&self) -> *mut sys::fi_info {
         self.ptr
     }
@@ -152,7 +167,12 @@ fn strdup(lib_err: &str, s: &str) -> Result<*mut c_char> {
 }
 
 impl Hints {
-    fn new(lib: &Arc<Library>, provider: &Provider, config: &Config) -> Result<Self> {
+    fn new(
+        lib: &Arc<Library>,
+        provider: &Provider,
+        config: &Config,
+        virt_addr: bool,
+    ) -> Result<Self> {
         // SAFETY: fi_dupinfo(NULL) is fi_allocinfo: a zeroed fi_info with
         // every attribute struct allocated.
         let ptr = unsafe { (lib.dupinfo)(ptr::null()) };
@@ -189,15 +209,19 @@ impl Hints {
                             | hmem_mr
                     }
                     // Everything this crate can follow; the provider answers
-                    // with the subset it needs (0 on tcp/udp/sockets,
-                    // VIRT_ADDR on shm).
+                    // with the subset it needs (0 on tcp/udp/sockets/shm).
+                    // FI_MR_VIRT_ADDR is offered only when the provider
+                    // insists (second pass, see `get_info`): measured on
+                    // 1.17 shm, virtual-address mode checks neither keys nor
+                    // bounds (a wrong key lands, an out-of-range write
+                    // corrupts the target), while offset mode refuses both.
                     _ => {
                         sys::FI_MR_LOCAL
-                            | sys::FI_MR_VIRT_ADDR
                             | sys::FI_MR_ALLOCATED
                             | sys::FI_MR_PROV_KEY
                             | sys::FI_MR_ENDPOINT
                             | hmem_mr
+                            | if virt_addr { sys::FI_MR_VIRT_ADDR } else { 0 }
                     }
                 };
                 if let Some(name) = &config.domain_name {
@@ -219,7 +243,22 @@ pub(crate) fn get_info(
     provider: &Provider,
     config: &Config,
 ) -> Result<Vec<OwnedInfo>> {
-    let hints = Hints::new(lib, provider, config)?;
+    match get_info_pass(lib, provider, config, false) {
+        Ok(v) => Ok(v),
+        // A provider that needs virtual addresses (FI_MR_VIRT_ADDR) offers
+        // nothing without it: ask again, allowing it.
+        Err(_) if *provider != Provider::Efa => get_info_pass(lib, provider, config, true),
+        Err(e) => Err(e),
+    }
+}
+
+fn get_info_pass(
+    lib: &Arc<Library>,
+    provider: &Provider,
+    config: &Config,
+    virt_addr: bool,
+) -> Result<Vec<OwnedInfo>> {
+    let hints = Hints::new(lib, provider, config, virt_addr)?;
     let node = match (&config.node, provider.is_ip_based()) {
         (Some(n), true) => Some(
             CString::new(n.as_str())

@@ -68,6 +68,13 @@ impl Ops {
         }
     }
 
+    /// Records that a posted operation of `id` came back to the queue.
+    pub(crate) fn unpost(&mut self, id: u64) {
+        if let Some(op) = self.map.get_mut(&id) {
+            op.posted = op.posted.saturating_sub(1);
+        }
+    }
+
     /// Records one finished operation (`was_posted`: it reached the
     /// provider); returns the call's `Completed` event when it was the last.
     pub(crate) fn finish_one(

@@ -14,6 +14,8 @@ pub(crate) struct Peer {
     pub(crate) raw: Vec<u8>,
     /// Why it is considered dead, once it is.
     pub(crate) dead: Option<String>,
+    /// Connection errors since the last success.
+    pub(crate) strikes: u32,
 }
 
 /// Peers of one domain.
@@ -40,6 +42,7 @@ impl Peers {
                 fi_addr,
                 raw: raw.to_vec(),
                 dead: None,
+                strikes: 0,
             },
         );
         self.by_raw.insert(raw.to_vec(), id);
@@ -76,6 +79,41 @@ impl Peers {
     pub(crate) fn mark_dead(&mut self, id: PeerId, reason: String) {
         if let Some(p) = self.by_id.get_mut(&id.0) {
             p.dead.get_or_insert(reason);
+        }
+    }
+
+    /// Records a connection error; returns true when the peer should now
+    /// be considered dead: at once for a refused connection (nobody
+    /// listens), else at the second error without a success in between.
+    /// One broken connection alone is not death: tcp;ofi_rxm drops a
+    /// connection after some refused writes and reconnects on the next one.
+    pub(crate) fn strike(&mut self, id: PeerId, refused: bool) -> bool {
+        match self.by_id.get_mut(&id.0) {
+            Some(p) => {
+                p.strikes += 1;
+                refused || p.strikes >= 2
+            }
+            None => false,
+        }
+    }
+
+    /// The raw address and AV entry of a peer, to reset its connection.
+    pub(crate) fn entry(&self, id: PeerId) -> Option<(Vec<u8>, sys::fi_addr_t)> {
+        self.by_id.get(&id.0).map(|p| (p.raw.clone(), p.fi_addr))
+    }
+
+    /// Points a peer at a new AV entry.
+    pub(crate) fn set_fi_addr(&mut self, id: PeerId, fi_addr: sys::fi_addr_t) {
+        if let Some(p) = self.by_id.get_mut(&id.0) {
+            p.fi_addr = fi_addr;
+        }
+    }
+
+    /// Records that the peer answered (a success, or an error only a live
+    /// peer sends, such as a refused key).
+    pub(crate) fn success(&mut self, id: PeerId) {
+        if let Some(p) = self.by_id.get_mut(&id.0) {
+            p.strikes = 0;
         }
     }
 

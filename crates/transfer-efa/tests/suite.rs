@@ -6,9 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::{Buf, Seen, complete, drive, open, open_with};
-use transfer_core::{
-    Domain, DomainEvent, NicAddress, OpToken, RecvToken, RemoteKey, TransferError,
-};
+use transfer_core::{Domain, NicAddress, OpToken, RecvToken, RemoteKey, TransferError};
 use transfer_efa::{Config, Provider};
 
 fn pattern(i: usize) -> u8 {
@@ -170,19 +168,12 @@ fn send_recv(p: Provider) {
 }
 
 fn bad_remote_access(p: Provider) {
-    if p == Provider::Shm {
-        // Measured on libfabric 1.17 shm: remote keys and region bounds are
-        // not checked at all (a write with a wrong key lands, an
-        // out-of-range one corrupts the target's heap). Only the engine's
-        // own range check (RemoteRegion::check_range) protects shm peers.
-        eprintln!("SKIP: shm enforces no remote access protection; see the report");
-        return;
-    }
-    // udp;ofi_rxd never completes a refused write (measured, with and
-    // without delivery-complete): only the peer timeout ends it, so keep
-    // it short there.
+    // udp;ofi_rxd and shm never complete a refused write (measured, with
+    // and without delivery-complete): only the peer timeout ends it, so
+    // keep it short there.
     let mut cfg = Config::loopback(p.clone());
-    if p == Provider::Udp {
+    let wedges = matches!(p, Provider::Udp | Provider::Shm);
+    if wedges {
         cfg = cfg.with_peer_timeout(Duration::from_secs(2));
     }
     let Some(mut d) = open_with(cfg, 2) else {
@@ -208,10 +199,10 @@ fn bad_remote_access(p: Provider) {
             "{p}: provider drops refused writes silently (no delivery-complete); checking the target is untouched"
         );
     }
-    if p == Provider::Udp {
-        // rxd keeps retrying the refused write: the peer is wedged for good
-        // (later writes time out too), so stop after checking that the
-        // refusal surfaced as an error and the target is untouched.
+    if wedges {
+        // The refused write stays stuck in the provider: the peer is wedged
+        // for good (later writes time out too), so stop after checking
+        // that the refusal surfaced as an error and the target is untouched.
         assert!(dst.mem.iter().all(|&x| x == 0));
         return;
     }
@@ -308,14 +299,6 @@ fn multi_domain(p: Provider) {
 }
 
 fn dead_peer(p: Provider) {
-    if p == Provider::Shm {
-        // libfabric 1.17 shm maps a peer in the same process through a
-        // process-wide table; closing the peer's endpoint frees the region
-        // and the next write to it crashes inside libfabric. Peer death on
-        // shm needs two processes (see the crash-free tcp variant).
-        eprintln!("SKIP: in-process dead peer crashes libfabric 1.17 shm");
-        return;
-    }
     let cfg = Config::loopback(p.clone()).with_peer_timeout(Duration::from_millis(300));
     let Some(mut d) = open_with(cfg, 2) else {
         return;
@@ -339,18 +322,10 @@ fn dead_peer(p: Provider) {
     // Some providers accept a write into a dead peer's memory (shm maps it)
     // and never hear back: that shows up as a timeout, never as a hang.
     if r.is_err() {
-        a.submit_writes(OpToken(3), &[src.write_to(0, 4096, peer, &dst, 0, None)]);
-        let mut events = Vec::new();
-        a.poll(&mut events);
-        assert!(
-            matches!(
-                &events[..],
-                [DomainEvent::Completed {
-                    op: OpToken(3),
-                    result: Err(TransferError::PeerUnreachable { .. })
-                }]
-            ),
-            "{events:?}"
+        common::until_dead(
+            &mut a,
+            src.write_to(0, 4096, peer, &dst, 0, None),
+            &mut seen,
         );
     }
     a.remove_peer(peer);

@@ -118,3 +118,31 @@ pub fn complete(domains: &mut [&mut LibfabricDomain], seen: &mut Seen, op: OpTok
         .map(|(_, r)| r.clone())
         .unwrap()
 }
+
+/// Submits `write` again and again after a peer died: every attempt must
+/// fail, and within a few attempts (connection errors count as strikes)
+/// the domain must declare the peer dead and fail the next submit at once.
+pub fn until_dead(a: &mut LibfabricDomain, write: WriteOp, seen: &mut Seen) {
+    for tok in 1000..1010u64 {
+        a.submit_writes(OpToken(tok), &[write]);
+        let r = complete(&mut [&mut *a], seen, OpToken(tok));
+        assert!(r.is_err(), "write to a dead peer succeeded");
+        if matches!(r, Err(transfer_core::TransferError::PeerUnreachable { .. })) {
+            a.submit_writes(OpToken(2000), &[write]);
+            let mut events = Vec::new();
+            a.poll(&mut events);
+            assert!(
+                matches!(
+                    &events[..],
+                    [DomainEvent::Completed {
+                        op: OpToken(2000),
+                        result: Err(transfer_core::TransferError::PeerUnreachable { .. })
+                    }]
+                ),
+                "{events:?}"
+            );
+            return;
+        }
+    }
+    panic!("peer never declared dead");
+}
