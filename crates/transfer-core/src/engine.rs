@@ -50,6 +50,8 @@ struct WorkerHandle {
 /// Configures and starts a [`TransferEngine`].
 pub struct EngineBuilder {
     spawners: Vec<(BackendKind, Spawner)>,
+    /// CUDA device of each group (same order as `spawners`).
+    devices: Vec<Option<u32>>,
     idle: IdlePolicy,
     policy: ShardPolicy,
     pin: bool,
@@ -61,6 +63,7 @@ impl Default for EngineBuilder {
     fn default() -> Self {
         Self {
             spawners: Vec::new(),
+            devices: Vec::new(),
             idle: IdlePolicy::default(),
             policy: ShardPolicy::default(),
             pin: true,
@@ -73,12 +76,24 @@ impl Default for EngineBuilder {
 impl EngineBuilder {
     /// Adds a domain group; it gets its own worker thread. Group indices
     /// follow the order of calls.
-    pub fn group<D: Domain>(mut self, domains: Vec<D>) -> Self {
+    pub fn group<D: Domain>(self, domains: Vec<D>) -> Self {
+        self.add_group(None, domains)
+    }
+
+    /// Adds the domain group of CUDA device `cuda_device` (its NICs): regions
+    /// registered with [`TransferEngine::register`] in that device's memory
+    /// are routed to it.
+    pub fn group_on_device<D: Domain>(self, cuda_device: u32, domains: Vec<D>) -> Self {
+        self.add_group(Some(cuda_device), domains)
+    }
+
+    fn add_group<D: Domain>(mut self, device: Option<u32>, domains: Vec<D>) -> Self {
         match DomainGroup::new(domains) {
             Ok(group) => {
                 let backend = group.backend();
                 self.spawners
                     .push((backend, Box::new(move |ctx| spawn_worker(group, ctx))));
+                self.devices.push(device);
             }
             Err(e) => self.errors.push(e),
         }
@@ -161,13 +176,9 @@ impl EngineBuilder {
             groups.push(addr);
             workers.push(handle);
         }
-        Ok(TransferEngine::assemble(
-            backend,
-            groups,
-            workers,
-            callback_thread,
-            imms,
-        ))
+        let mut engine = TransferEngine::assemble(backend, groups, workers, callback_thread, imms);
+        engine.devices = self.devices;
+        Ok(engine)
     }
 }
 
@@ -248,6 +259,8 @@ pub struct TransferEngine {
     imms: Arc<ImmCounters>,
     peers: Mutex<HashMap<EngineAddress, Peer>>,
     next_id: AtomicU64,
+    /// CUDA device of each group, if any.
+    devices: Vec<Option<u32>>,
 }
 
 impl std::fmt::Debug for TransferEngine {
@@ -279,7 +292,36 @@ impl TransferEngine {
             imms,
             peers: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
+            devices: Vec::new(),
         }
+    }
+
+    /// The group a region at `location` belongs to: the group added with
+    /// [`EngineBuilder::group_on_device`] for that device, group 0 for host memory.
+    pub fn group_of(&self, location: MemoryLocation) -> Result<usize> {
+        match location {
+            MemoryLocation::Host => Ok(0),
+            MemoryLocation::Cuda { device } => self
+                .devices
+                .iter()
+                .position(|d| *d == Some(device))
+                .ok_or_else(|| {
+                    TransferError::invalid(
+                        "group_of",
+                        format!("no domain group for CUDA device {device}"),
+                    )
+                }),
+        }
+    }
+
+    /// Registers caller-owned memory with the NICs of the group its location
+    /// routes to (see [`TransferEngine::group_of`]).
+    ///
+    /// # Safety
+    /// As [`TransferEngine::register_raw`].
+    pub unsafe fn register(&self, span: MemorySpan) -> Result<LocalRegion> {
+        let group = self.group_of(span.location)?;
+        self.register_span(span, group, None)
     }
 
     /// How each worker spent its idle time so far: `(blocked on NIC wait

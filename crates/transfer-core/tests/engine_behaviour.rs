@@ -304,3 +304,37 @@ fn idle_workers_block_on_wait_fds_when_offered() {
         }
     }
 }
+
+#[test]
+fn device_memory_is_routed_to_its_device_group() {
+    let fabric = TestFabric::new(TestFabricConfig::default());
+    let e = TransferEngine::builder()
+        .group(fabric.domains(1))
+        .group_on_device(3, fabric.domains(2))
+        .build()
+        .unwrap();
+    assert_eq!(e.group_of(transfer_core::MemoryLocation::Host).unwrap(), 0);
+    assert_eq!(
+        e.group_of(transfer_core::MemoryLocation::Cuda { device: 3 })
+            .unwrap(),
+        1
+    );
+    assert!(
+        e.group_of(transfer_core::MemoryLocation::Cuda { device: 0 })
+            .is_err()
+    );
+    // "Device" memory stood in for by host memory: the test domain only copies bytes.
+    let mut buf = vec![0u8; 4096];
+    let span = transfer_core::MemorySpan {
+        ptr: buf.as_mut_ptr(),
+        len: buf.len(),
+        location: transfer_core::MemoryLocation::Cuda { device: 3 },
+        dmabuf_fd: None,
+    };
+    // SAFETY: buf outlives the engine (dropped below first).
+    let r = unsafe { e.register(span) }.unwrap();
+    assert_eq!(r.group(), 1);
+    assert_eq!(r.remote().nics.len(), 2);
+    drop(e);
+    drop(buf);
+}
