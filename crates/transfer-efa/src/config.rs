@@ -59,6 +59,11 @@ pub struct Config {
     /// udp;ofi_rxd never complete a write the target refused, with or
     /// without it, so there only the peer timeout reports the refusal.
     pub delivery_complete: Option<bool>,
+    /// Open the CQ with an FI_WAIT_FD wait object, so that an idle worker
+    /// blocks on it ([`transfer_core::Domain::wait_fd`]) instead of
+    /// parking on a timer; falls back to no wait object where the provider
+    /// has none.
+    pub wait_fd: bool,
 }
 
 impl Default for Config {
@@ -75,6 +80,7 @@ impl Default for Config {
             send_slots: 64,
             send_slot_size: 64 * 1024,
             delivery_complete: None,
+            wait_fd: true,
         }
     }
 }

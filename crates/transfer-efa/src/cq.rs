@@ -26,16 +26,45 @@ pub(crate) enum CqRead {
 pub(crate) struct CompletionQueue {
     lib: Arc<Library>,
     pub(crate) ptr: *mut sys::fid_cq,
+    /// The CQ's wait file descriptor, when opened with FI_WAIT_FD.
+    pub(crate) wait_fd: Option<i32>,
 }
 
 impl CompletionQueue {
-    /// Opens a CQ of `size` entries in FI_CQ_FORMAT_DATA, no wait object.
-    pub(crate) fn open(domain: &FiDomain, size: usize) -> Result<Self> {
+    /// Opens a CQ of `size` entries in FI_CQ_FORMAT_DATA. With `wait_fd`
+    /// it first asks for an FI_WAIT_FD wait object and falls back to none
+    /// when the provider refuses one.
+    pub(crate) fn open(domain: &FiDomain, size: usize, wait_fd: bool) -> Result<Self> {
+        if wait_fd {
+            if let Ok(mut cq) = Self::open_with(domain, size, sys::FI_WAIT_FD) {
+                let mut fd: libc::c_int = -1;
+                // SAFETY: the CQ is live; FI_GETWAIT on an FI_WAIT_FD CQ
+                // writes one int.
+                let ret = unsafe {
+                    match (*cq.ptr).fid.ops.as_ref().and_then(|o| o.control) {
+                        Some(f) => f(
+                            cq.ptr.cast(),
+                            sys::FI_GETWAIT,
+                            (&mut fd as *mut libc::c_int).cast(),
+                        ),
+                        None => -sys::FI_ENOSYS,
+                    }
+                };
+                if ret == 0 && fd >= 0 {
+                    cq.wait_fd = Some(fd);
+                    return Ok(cq);
+                }
+            }
+        }
+        Self::open_with(domain, size, sys::FI_WAIT_NONE)
+    }
+
+    fn open_with(domain: &FiDomain, size: usize, wait_obj: i32) -> Result<Self> {
         let mut attr = sys::fi_cq_attr {
             size,
             flags: 0,
             format: sys::FI_CQ_FORMAT_DATA,
-            wait_obj: sys::FI_WAIT_NONE,
+            wait_obj,
             signaling_vector: 0,
             wait_cond: 0,
             wait_set: ptr::null_mut(),
@@ -54,6 +83,7 @@ impl CompletionQueue {
         Ok(Self {
             lib: domain.lib.clone(),
             ptr: cq,
+            wait_fd: None,
         })
     }
 

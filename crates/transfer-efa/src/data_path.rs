@@ -739,6 +739,21 @@ impl Domain for LibfabricDomain {
         events.append(&mut self.ready);
     }
 
+    fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.cq.wait_fd
+    }
+
+    fn prepare_wait(&mut self) -> bool {
+        // fi_trywait only on a CQ with a wait object (1.17 shm crashes in
+        // fi_trywait on one without).
+        self.cq.wait_fd.is_some()
+            && self.ready.is_empty()
+            && self.queue.is_empty()
+            && self.retries.is_empty()
+            && self.recv_queue.is_empty()
+            && self.fabric.trywait(self.cq.ptr)
+    }
+
     fn has_pending(&self) -> bool {
         !self.ops.is_empty()
             || !self.queue.is_empty()

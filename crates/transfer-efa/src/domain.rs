@@ -218,7 +218,7 @@ impl LibfabricDomain {
         let lib = info.library().clone();
         let fabric = Fabric::open(&info)?;
         let domain = FiDomain::open(&fabric, &info)?;
-        let cq = CompletionQueue::open(&domain, config.cq_size.max(64))?;
+        let cq = CompletionQueue::open(&domain, config.cq_size.max(64), config.wait_fd)?;
         let av = AddressVector::open(&domain, info.av_type())?;
         let ep = Endpoint::open(&domain, &info, &cq, &av)?;
         let mr_mode = info.mr_mode();

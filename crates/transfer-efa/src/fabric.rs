@@ -83,6 +83,24 @@ impl Fabric {
     }
 }
 
+impl Fabric {
+    /// `fi_trywait` on one CQ: true when the caller may block on the CQ's
+    /// wait fd, false when completions or progress are due (or the provider
+    /// cannot tell).
+    pub(crate) fn trywait(&self, cq: *mut sys::fid_cq) -> bool {
+        let mut fids: [*mut sys::fid; 1] = [cq.cast()];
+        // SAFETY: fabric and CQ are live objects of this fabric; `fids`
+        // holds one valid fid pointer for the call.
+        let ret = unsafe {
+            match (*self.ptr).ops.as_ref().and_then(|o| o.trywait) {
+                Some(f) => f(self.ptr, fids.as_mut_ptr(), 1),
+                None => -sys::FI_ENOSYS,
+            }
+        };
+        ret == 0
+    }
+}
+
 impl Drop for Fabric {
     fn drop(&mut self) {
         // SAFETY: opened by fi_fabric and closed once, after its children.

@@ -64,6 +64,8 @@ pub const FI_AV_TABLE: c_int = 2;
 pub const FI_THREAD_DOMAIN: c_int = 3;
 pub const FI_CQ_FORMAT_DATA: c_int = 3;
 pub const FI_WAIT_NONE: c_int = 0;
+pub const FI_WAIT_FD: c_int = 3;
+pub const FI_GETWAIT: c_int = 5;
 pub const FI_ENABLE: c_int = 6;
 
 // ---- address formats ----
@@ -235,7 +237,9 @@ pub struct fi_ops_fabric {
     pub passive_ep: Unused,
     pub eq_open: Unused,
     pub wait_open: Unused,
-    pub trywait: Unused,
+    pub trywait: Option<
+        unsafe extern "C" fn(fabric: *mut fid_fabric, fids: *mut *mut fid, count: c_int) -> c_int,
+    >,
     pub domain2: Unused,
 }
 
