@@ -611,10 +611,12 @@ impl Domain for LibfabricDomain {
             return Err(TransferError::invalid(CALL, "empty span"));
         }
         if let MemoryLocation::Cuda { .. } = span.location {
-            return Err(TransferError::invalid(
-                CALL,
-                "device memory needs FI_HMEM registration (fi_mr_regattr), not supported by this backend yet",
-            ));
+            if !self.config.hmem {
+                return Err(TransferError::invalid(
+                    CALL,
+                    "device memory needs a domain opened with Config::hmem (FI_HMEM)",
+                ));
+            }
         }
         let key = if self.mr_mode & sys::FI_MR_PROV_KEY != 0 {
             0
@@ -622,7 +624,21 @@ impl Domain for LibfabricDomain {
             self.take_key()
         };
         let ep = (self.mr_mode & sys::FI_MR_ENDPOINT != 0).then_some(&self.ep);
-        let mr = MemoryRegistration::register(&self.domain, span.ptr, span.len, key, ep)?;
+        let mr = match span.location {
+            MemoryLocation::Host => {
+                MemoryRegistration::register(&self.domain, span.ptr, span.len, key, ep)?
+            }
+            // dma-buf registration (FI_MR_DMABUF) arrived after libfabric
+            // 1.17; `span.dmabuf_fd` is not used yet.
+            MemoryLocation::Cuda { device } => MemoryRegistration::register_cuda(
+                &self.domain,
+                span.ptr,
+                span.len,
+                device,
+                key,
+                ep,
+            )?,
+        };
         let remote = RemoteNicRegion {
             base: if self.virt_addr() { span.ptr as u64 } else { 0 },
             key: RemoteKey(mr.key()),

@@ -56,6 +56,17 @@ impl MemoryRegistration {
         if ret != 0 || mr.is_null() {
             return Err(domain.lib.error("fi_mr_reg", ret.min(-1) as isize));
         }
+        Self::finish(domain, mr, addr, len, endpoint)
+    }
+
+    /// Wraps a fresh MR, binding and enabling it for FI_MR_ENDPOINT.
+    fn finish(
+        domain: &FiDomain,
+        mr: *mut sys::fid_mr,
+        addr: *const u8,
+        len: usize,
+        endpoint: Option<&Endpoint>,
+    ) -> Result<Self> {
         let reg = Self {
             ptr: mr,
             addr: addr as usize,
@@ -74,6 +85,47 @@ impl MemoryRegistration {
             }
         }
         Ok(reg)
+    }
+
+    /// Registers CUDA device memory of `device` with `fi_mr_regattr`
+    /// (`FI_HMEM_CUDA`); needs a domain opened with FI_HMEM.
+    pub(crate) fn register_cuda(
+        domain: &FiDomain,
+        addr: *const u8,
+        len: usize,
+        device: u32,
+        requested_key: u64,
+        endpoint: Option<&Endpoint>,
+    ) -> Result<Self> {
+        let iov = libc::iovec {
+            iov_base: addr.cast_mut().cast(),
+            iov_len: len,
+        };
+        let attr = sys::fi_mr_attr {
+            mr_iov: &iov,
+            iov_count: 1,
+            access: ACCESS,
+            offset: 0,
+            requested_key,
+            context: ptr::null_mut(),
+            auth_key_size: 0,
+            auth_key: ptr::null_mut(),
+            iface: sys::FI_HMEM_CUDA,
+            device: u64::from(device),
+        };
+        let mut mr: *mut sys::fid_mr = ptr::null_mut();
+        // SAFETY: the domain is live; `attr` and the iovec it points to are
+        // valid for the call; the caller vouches for the device span.
+        let ret = unsafe {
+            match (*domain.ptr).mr.as_ref().and_then(|o| o.regattr) {
+                Some(f) => f(domain.ptr.cast(), &attr, 0, &mut mr),
+                None => -sys::FI_ENOSYS,
+            }
+        };
+        if ret != 0 || mr.is_null() {
+            return Err(domain.lib.error("fi_mr_regattr", ret.min(-1) as isize));
+        }
+        Self::finish(domain, mr, addr, len, endpoint)
     }
 
     /// `fi_mr_desc`: the local descriptor for FI_MR_LOCAL providers.

@@ -309,6 +309,24 @@ pub struct fi_ops_domain {
     pub endpoint2: Unused,
 }
 
+pub const FI_HMEM_SYSTEM: c_int = 0;
+pub const FI_HMEM_CUDA: c_int = 1;
+
+#[repr(C)]
+pub struct fi_mr_attr {
+    pub mr_iov: *const libc::iovec,
+    pub iov_count: usize,
+    pub access: u64,
+    pub offset: u64,
+    pub requested_key: u64,
+    pub context: *mut c_void,
+    pub auth_key_size: usize,
+    pub auth_key: *mut u8,
+    pub iface: c_int,
+    /// `union { uint64_t reserved; int cuda; ... }`.
+    pub device: u64,
+}
+
 #[repr(C)]
 pub struct fi_ops_mr {
     pub size: usize,
@@ -326,7 +344,14 @@ pub struct fi_ops_mr {
         ) -> c_int,
     >,
     pub regv: Unused,
-    pub regattr: Unused,
+    pub regattr: Option<
+        unsafe extern "C" fn(
+            fid: *mut fid,
+            attr: *const fi_mr_attr,
+            flags: u64,
+            mr: *mut *mut fid_mr,
+        ) -> c_int,
+    >,
 }
 
 #[repr(C)]
@@ -605,5 +630,9 @@ mod tests {
         assert_eq!(offset_of!(fi_link_attr, speed), 16);
         assert_eq!(offset_of!(fi_tx_attr, tclass), 72);
         assert_eq!(offset_of!(fi_rx_attr, iov_limit), 56);
+        assert_eq!(size_of::<fi_mr_attr>(), 80);
+        assert_eq!(offset_of!(fi_mr_attr, iface), 64);
+        assert_eq!(offset_of!(fi_mr_attr, device), 72);
+        assert_eq!(offset_of!(fi_ops_mr, regattr), 24);
     }
 }
