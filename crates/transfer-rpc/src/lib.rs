@@ -7,6 +7,25 @@
 //! - [`server`]: a threaded TCP server with a shared buffer registry.
 //! - [`client`]: a client for every command, plus the stage-boundary copy
 //!   that goes direct (COPY_TENSOR_TO) or through the client (hub).
+//!
+//! # Compatibility and the extension
+//! The server answers HELLO with upstream's 7.0.0 and all-zero `conn_caps`,
+//! so upstream 7.0 clients accept it. The extension lives at command bytes
+//! 0xC0 (EXT_QUERY), 0xC1 (COPY_TENSOR_TO) and 0xC2 (PEER_BARRIER), outside
+//! upstream's range; only this crate's client sends them. It asks EXT_QUERY
+//! once, right after HELLO on its main connection: an upstream server closes
+//! the connection (unknown command), and the client reconnects before any
+//! state exists and never sends an extension command there again. A direct
+//! copy is attempted only when both servers answered EXT_QUERY.
+//!
+//! # Features
+//! - default: graph compute is refused ([`server::RefusingBackend`]); no
+//!   native code is built.
+//! - `ggml`: `server::GgmlCpuBackend` runs graphs on ggml's CPU backend
+//!   (vendored llama.cpp; needs cmake and libclang; ~8 min of build on 2
+//!   busy cores).
+//! - `upstream-rpc`: tests against ggml's own RPC server; build with
+//!   `GGML_RPC=ON GGML_RPC_RDMA=OFF` in a separate target dir.
 
 pub mod client;
 pub mod error;

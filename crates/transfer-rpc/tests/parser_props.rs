@@ -39,15 +39,19 @@ proptest! {
     #[test]
     fn random_frames_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..2048)) {
         let limits = Limits { max_message_size: 1 << 20 };
-        if let Ok(Some((cmd, payload, _))) = split_request(&bytes, &limits) {
-            let _ = Request::decode(cmd, payload);
+        if let Ok(Some((cmd, payload, used))) = split_request(&bytes, &limits) {
+            if let Ok(req) = Request::decode(cmd, payload) {
+                prop_assert_eq!(req.encode_frame(), bytes[..used].to_vec());
+            }
         }
     }
 
     #[test]
     fn random_payloads_never_panic(cmd in 0u8..=255, bytes in prop::collection::vec(any::<u8>(), 0..4096)) {
         if let Ok(c) = Command::from_byte(cmd) {
-            let _ = Request::decode(c, &bytes);
+            if let Ok(req) = Request::decode(c, &bytes) {
+                prop_assert_eq!(req.encode_payload(), bytes.clone());
+            }
         }
         let _ = GraphPayload::decode(&bytes);
     }
