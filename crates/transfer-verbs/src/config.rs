@@ -46,7 +46,8 @@ pub struct VerbsConfig {
     pub handshake_timeout: Duration,
     /// RC local ACK timeout exponent (4.096 µs * 2^timeout).
     pub rc_timeout: u8,
-    /// RC transport retries (0..=7).
+    /// RC transport retries (0..=6). Not 7: soft-RoCE (rdma_rxe) treats 7
+    /// as "retry forever", so a dead peer would never be detected.
     pub rc_retry_cnt: u8,
     /// RC RNR retries (7 = infinite).
     pub rnr_retry: u8,
@@ -80,7 +81,7 @@ impl Default for VerbsConfig {
             handshake_retry: Duration::from_millis(20),
             handshake_timeout: Duration::from_secs(10),
             rc_timeout: 16,
-            rc_retry_cnt: 7,
+            rc_retry_cnt: 6,
             rnr_retry: 7,
             min_rnr_timer: 12,
             service_level: 0,

@@ -28,6 +28,7 @@ use crate::qp::{self, Path};
 use crate::rdma_op::{SendChain, Work, WorkKind, WriteSpec, expand_writes, must_signal, wr_id};
 use crate::resources::{Context, Cq, Mr, Pd, Qp, Srq};
 use crate::sys::{self, datapath, ibv_recv_wr, ibv_sge, ibv_wc};
+use crate::trace::trace;
 use crate::ud::UdEndpoint;
 
 /// Longest handshake retransmission interval.
@@ -438,7 +439,7 @@ impl VerbsDomain {
                 &ch.qp,
                 ch.psn,
                 self.cfg.rc_timeout,
-                self.cfg.rc_retry_cnt,
+                self.cfg.rc_retry_cnt.min(6),
                 self.cfg.rnr_retry,
             )?;
         }
@@ -489,6 +490,10 @@ impl VerbsDomain {
     }
 
     fn handle_hello(&mut self, pid: u64, p: &mut Peer, h: &Hello) {
+        trace!(
+            "peer {pid}: hello in conn={} peer_conn={:?} confirmed={} bye={} (mine: conn={} remote={:?} state={:?})",
+            h.conn, h.peer_conn, h.confirmed, h.bye, p.conn, p.remote_conn, p.state
+        );
         if h.conn < p.min_remote_conn {
             return;
         }
@@ -535,6 +540,7 @@ impl VerbsDomain {
             p.remote_conn = Some(h.conn);
         }
         if h.peer_conn == Some(p.conn) && !p.confirmed {
+            trace!("peer {pid}: connected (conn {} <-> {})", p.conn, h.conn);
             p.confirmed = true;
             p.state = State::Ready;
         }
@@ -558,6 +564,7 @@ impl VerbsDomain {
                 continue;
             };
             if now.duration_since(p.started) > self.cfg.handshake_timeout {
+                trace!("peer {pid}: handshake timed out");
                 let err = TransferError::PeerUnreachable {
                     call: "verbs handshake",
                     reason: format!(
@@ -699,6 +706,7 @@ impl VerbsDomain {
             }
         }
         if let Some(e) = failure {
+            trace!("peer {pid}: post failed: {e}");
             self.reconnect(pid, &mut p, &e);
             self.send_hello(&p, false);
         }
@@ -746,6 +754,7 @@ impl VerbsDomain {
         if !stale {
             let call = if ci == MSG { "send" } else { "write" };
             let err = wc_error(call, wc.status, wc.vendor_err);
+            trace!("peer {pid}: error completion on channel {ci}: {err}");
             match wc_fate(wc.status) {
                 ConnFate::Dead => {
                     self.close_peer(&mut p, &err, State::Dead(err.clone()));
@@ -929,13 +938,14 @@ impl Domain for VerbsDomain {
             return Ok(PeerId(pid));
         }
         let pid = self.new_peer(w, true);
-        if let Some(p) = self.peers.remove(&pid) {
+        if let Some(mut p) = self.peers.remove(&pid) {
             if let State::Dead(e) = &p.state {
                 let e = e.clone();
                 self.by_addr.remove(&w);
                 return Err(e);
             }
             self.send_hello(&p, false);
+            p.next_hello = Instant::now() + p.backoff;
             self.peers.insert(pid, p);
         }
         Ok(PeerId(pid))

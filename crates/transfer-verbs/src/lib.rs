@@ -21,6 +21,7 @@ pub mod rdma_op;
 mod resources;
 #[doc(hidden)]
 pub mod sys;
+mod trace;
 mod ud;
 
 pub use config::VerbsConfig;

@@ -97,7 +97,7 @@ KDIR=$CACHE/kernel-$KVER
 if [ ! -f "$KDIR/boot/vmlinuz-$KVER" ]; then
 	log "downloading linux-image-$KVER (cached in $CACHE)"
 	mkdir -p "$CACHE/debs"
-	(cd "$CACHE/debs" && apt-get download "linux-image-$KVER" 2>&1 | grep -v "unsandboxed" >&2; [ -n "$(ls "$CACHE"/debs/linux-image-"$KVER"_*.deb 2>/dev/null)" ]) ||
+	(cd "$CACHE/debs" && apt-get download "linux-image-$KVER" 2>&1 | { grep -v "unsandboxed" >&2 || true; }; [ -n "$(ls "$CACHE"/debs/linux-image-"$KVER"_*.deb 2>/dev/null)" ]) ||
 		die "apt-get download linux-image-$KVER failed"
 	rm -rf "$KDIR.tmp"
 	dpkg-deb -x "$CACHE"/debs/linux-image-"$KVER"_*.deb "$KDIR.tmp"
