@@ -56,8 +56,8 @@ impl std::fmt::Display for IdlePolicy {
         }
         write!(
             f,
-            "spin {:?}, then park {:?}..{:?}",
-            self.spin, self.min_park, self.max_park
+            "spin {:?}, then block on NIC wait fds (<= {:?}), or park {:?}..{:?} without them",
+            self.spin, self.max_block, self.min_park, self.max_park
         )
     }
 }

@@ -265,7 +265,12 @@ impl<D: Domain> Worker<D> {
                 idle.active();
             } else if let Some(sleep) = idle.idle(self.ops.is_empty() && !self.group.has_pending())
             {
-                self.sleep(sleep);
+                if !self.sleep(sleep) {
+                    // A NIC had work without reporting an event (data placed
+                    // by a manual-progress provider): traffic is flowing, so
+                    // spin again rather than block between arrivals.
+                    idle.active();
+                }
             }
         }
         self.shutdown();
@@ -274,10 +279,12 @@ impl<D: Domain> Worker<D> {
     /// Sleeps until work may be there: blocked on the NICs' wait
     /// descriptors and the submit eventfd when every NIC has one, else a
     /// timed park.
-    fn sleep(&mut self, sleep: Sleep) {
+    /// Returns false when a NIC refused to wait because it has work.
+    fn sleep(&mut self, sleep: Sleep) -> bool {
         let park = |q: &WorkerQueue| {
             q.parked.fetch_add(1, Ordering::Relaxed);
             std::thread::park_timeout(sleep.park);
+            true
         };
         let Some(event) = &self.queue.event else {
             return park(&self.queue);
@@ -296,7 +303,7 @@ impl<D: Domain> Worker<D> {
             .iter_mut()
             .all(|d| d.prepare_wait())
         {
-            return;
+            return false;
         }
         self.queue.sleeping.store(true, Ordering::SeqCst);
         if self.queue.jobs.is_empty() && !self.queue.stop.load(Ordering::SeqCst) {
@@ -305,6 +312,7 @@ impl<D: Domain> Worker<D> {
         }
         self.queue.sleeping.store(false, Ordering::SeqCst);
         event.drain();
+        true
     }
 
     fn shutdown(mut self) {
