@@ -212,7 +212,7 @@ fn echo(
                             if Instant::now() > deadline {
                                 return Err(protocol("echo", "timed out waiting for the driver"));
                             }
-                            std::hint::spin_loop();
+                            std::thread::yield_now();
                         }
                         let flag = DoneFlag::new();
                         let req = WriteRequest {

@@ -68,7 +68,7 @@ fn spin_flag(flag: &DoneFlag) -> Result<()> {
         if Instant::now() > deadline {
             return Err(protocol("wait", "completion never arrived"));
         }
-        std::hint::spin_loop();
+        std::thread::yield_now();
     }
     Ok(flag.result().unwrap_or(Ok(()))?)
 }
@@ -85,7 +85,7 @@ fn spin_imm(d: &Driver, imm: u32, n: u64) -> Result<()> {
                 format!("only {got} of {n} immediates arrived"),
             ));
         }
-        std::hint::spin_loop();
+        std::thread::yield_now();
     }
     Ok(())
 }
@@ -506,7 +506,7 @@ pub fn send_recv(d: &mut Driver, plan: &Plan, pb: &ProgressBar) -> Result<Vec<Ro
                 if Instant::now() > deadline {
                     return Err(protocol("send/recv", "echo never came back"));
                 }
-                std::hint::spin_loop();
+                std::thread::yield_now();
             }
             samples.push(t0.elapsed());
             spin_flag(&flag)?;
