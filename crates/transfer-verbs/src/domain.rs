@@ -10,7 +10,7 @@
 //! peer queues until both sides are connected, then goes. Both sides answer
 //! hellos from `poll`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use transfer_core::{
@@ -35,6 +35,8 @@ use crate::ud::UdEndpoint;
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 /// Zero-length RMA receives reposted per doorbell.
 const RECV_CHAIN: usize = 32;
+/// Most peer entries created by hellos (not by `resolve_peer`) at once.
+const MAX_PASSIVE: usize = 4096;
 
 enum SendBuf {
     /// A bounce slot of the registered pool.
@@ -92,6 +94,11 @@ pub struct VerbsDomain {
     wcs: Vec<ibv_wc>,
     hellos: Vec<Vec<u8>>,
     scratch_pids: Vec<u64>,
+    /// Peers in `State::Connecting` (cleaned lazily by the timers).
+    handshaking: HashSet<u64>,
+    /// Ready peers with queued work that found no room (SQ/CQ full).
+    blocked: HashSet<u64>,
+    passive: usize,
 }
 
 // SAFETY: verbs objects may be used from any thread; the domain is owned
@@ -203,6 +210,9 @@ impl VerbsDomain {
             wcs: vec![ibv_wc::default(); 64],
             hellos: Vec::new(),
             scratch_pids: Vec::new(),
+            handshaking: HashSet::new(),
+            blocked: HashSet::new(),
+            passive: 0,
         };
         d.repost_rma()?;
         Ok(d)
@@ -379,6 +389,7 @@ impl VerbsDomain {
                 self.next_conn += 1;
                 p.confirmed = false;
                 p.state = State::Connecting;
+                self.handshaking.insert(pid);
                 let now = Instant::now();
                 p.started = now;
                 p.backoff = self.cfg.handshake_retry;
@@ -476,12 +487,25 @@ impl VerbsDomain {
         let pid = match self.by_addr.get(&h.from) {
             Some(&pid) => pid,
             None if h.bye => return,
-            None => self.new_peer(h.from, false),
+            None if self.passive >= MAX_PASSIVE => {
+                trace!("hello from an unknown peer dropped: {MAX_PASSIVE} passive peers already");
+                return;
+            }
+            None => {
+                self.passive += 1;
+                self.new_peer(h.from, false)
+            }
         };
         let Some(mut p) = self.peers.remove(&pid) else {
             return;
         };
         self.handle_hello(pid, &mut p, &h);
+        if !p.resolved && p.state == State::Idle {
+            // The remote closed a connection it opened and we never used.
+            self.by_addr.remove(&p.addr);
+            self.passive = self.passive.saturating_sub(1);
+            return;
+        }
         let ready = p.state == State::Ready;
         self.peers.insert(pid, p);
         if ready {
@@ -507,9 +531,31 @@ impl VerbsDomain {
             }
             return;
         }
+        if h.peer_conn.is_some_and(|c| c != p.conn) {
+            // Addressed to a connection of ours that no longer exists (a
+            // duplicate from before we rebuilt our QPs). Accepting it would
+            // connect our new QPs to stale ones and make both sides rebuild
+            // forever; the sender resets when our current hello reaches it.
+            return;
+        }
         match p.remote_conn {
             Some(rc) if h.conn < rc => return,
             Some(rc) if h.conn == rc => {}
+            Some(_) if p.state == State::Connecting => {
+                // The remote rebuilt its QPs while ours, connected to its old
+                // ones, carried nothing yet (work is posted only once Ready):
+                // re-point ours and keep our connection number, so the two
+                // sides converge instead of rebuilding in turn.
+                let repointed = p.chans.as_ref().map(|c| {
+                    c.iter()
+                        .try_for_each(|ch| qp::rc_reinit(&ch.qp, &self.path))
+                });
+                if let Some(Err(e)) = repointed {
+                    self.close_peer(p, &e, State::Dead(e.clone()));
+                    return;
+                }
+                p.remote_conn = None;
+            }
             Some(_) => {
                 let err = TransferError::PeerUnreachable {
                     call: "verbs connection",
@@ -550,21 +596,30 @@ impl VerbsDomain {
     }
 
     fn handshake_timers(&mut self) {
+        if self.handshaking.is_empty() {
+            return;
+        }
         let now = Instant::now();
-        self.scratch_pids.clear();
-        self.scratch_pids.extend(
-            self.peers
-                .iter()
-                .filter(|(_, p)| p.state == State::Connecting && p.next_hello <= now)
-                .map(|(&id, _)| id),
-        );
-        let pids = std::mem::take(&mut self.scratch_pids);
+        let mut pids = std::mem::take(&mut self.scratch_pids);
+        pids.clear();
+        pids.extend(self.handshaking.iter().copied());
         for &pid in &pids {
             let Some(mut p) = self.peers.remove(&pid) else {
+                self.handshaking.remove(&pid);
                 continue;
             };
+            if p.state != State::Connecting {
+                self.handshaking.remove(&pid);
+                self.peers.insert(pid, p);
+                continue;
+            }
+            if p.next_hello > now {
+                self.peers.insert(pid, p);
+                continue;
+            }
             if now.duration_since(p.started) > self.cfg.handshake_timeout {
                 trace!("peer {pid}: handshake timed out");
+                self.handshaking.remove(&pid);
                 let err = TransferError::PeerUnreachable {
                     call: "verbs handshake",
                     reason: format!(
@@ -574,6 +629,12 @@ impl VerbsDomain {
                     ),
                 };
                 self.close_peer(&mut p, &err, State::Dead(err.clone()));
+                if !p.resolved {
+                    // A passive entry nobody uses: forget it entirely.
+                    self.by_addr.remove(&p.addr);
+                    self.passive = self.passive.saturating_sub(1);
+                    continue;
+                }
             } else {
                 self.send_hello(&p, false);
                 p.next_hello = now + p.backoff;
@@ -709,6 +770,15 @@ impl VerbsDomain {
             trace!("peer {pid}: post failed: {e}");
             self.reconnect(pid, &mut p, &e);
             self.send_hello(&p, false);
+        }
+        let left = p.state == State::Ready
+            && p.chans
+                .as_ref()
+                .is_some_and(|c| c.iter().any(|ch| !ch.pending.is_empty()));
+        if left {
+            self.blocked.insert(pid);
+        } else {
+            self.blocked.remove(&pid);
         }
         self.peers.insert(pid, p);
     }
@@ -933,7 +1003,10 @@ impl Domain for VerbsDomain {
         let w = handshake::decode_address(addr)?;
         if let Some(&pid) = self.by_addr.get(&w) {
             if let Some(p) = self.peers.get_mut(&pid) {
-                p.resolved = true;
+                if !p.resolved {
+                    p.resolved = true;
+                    self.passive = self.passive.saturating_sub(1);
+                }
             }
             return Ok(PeerId(pid));
         }
@@ -956,6 +1029,10 @@ impl Domain for VerbsDomain {
             return;
         };
         self.by_addr.remove(&p.addr);
+        if !p.resolved {
+            self.passive = self.passive.saturating_sub(1);
+        }
+        self.blocked.remove(&peer.0);
         if p.chans.is_some() {
             self.send_hello(&p, true);
         }
@@ -1105,33 +1182,21 @@ impl Domain for VerbsDomain {
         self.poll_cq();
         // A failed repost leaves fewer receives posted; retried next poll.
         let _ = self.repost_rma();
-        self.scratch_pids.clear();
-        self.scratch_pids.extend(
-            self.peers
-                .iter()
-                .filter(|(_, p)| {
-                    p.state == State::Ready
-                        && p.chans
-                            .as_ref()
-                            .is_some_and(|c| c.iter().any(|ch| !ch.pending.is_empty()))
-                })
-                .map(|(&id, _)| id),
-        );
-        let pids = std::mem::take(&mut self.scratch_pids);
-        for &pid in &pids {
-            self.progress(pid);
+        if !self.blocked.is_empty() {
+            let mut pids = std::mem::take(&mut self.scratch_pids);
+            pids.clear();
+            pids.extend(self.blocked.iter().copied());
+            for &pid in &pids {
+                self.progress(pid);
+            }
+            self.scratch_pids = pids;
         }
-        self.scratch_pids = pids;
         events.append(&mut self.ready);
     }
 
     fn has_pending(&self) -> bool {
-        !self.ops.is_empty()
-            || !self.ready.is_empty()
-            || self
-                .peers
-                .values()
-                .any(|p| p.state == State::Connecting || p.busy())
+        // Queued or posted work always belongs to a tracked op.
+        !self.ops.is_empty() || !self.ready.is_empty() || !self.handshaking.is_empty()
     }
 }
 

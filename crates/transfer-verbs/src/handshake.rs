@@ -11,7 +11,8 @@
 //! own `conn` echoed knows the remote QPs are ready and starts posting. A
 //! hello naming a newer `conn` than the one recorded means the sender
 //! rebuilt its QPs (after an error or `remove_peer`): the receiver rebuilds
-//! too. Older `conn`s are stale and ignored.
+//! too. Older `conn`s are stale and ignored, and so are hellos whose
+//! `peer_conn` names a connection the receiver has since replaced.
 
 use serde::{Deserialize, Serialize};
 use transfer_core::{NicAddress, Result, TransferError};

@@ -78,13 +78,3 @@ pub(crate) struct Peer {
     /// created by the remote's hello).
     pub(crate) resolved: bool,
 }
-
-impl Peer {
-    /// Whether any work waits or is in flight.
-    pub(crate) fn busy(&self) -> bool {
-        self.chans.as_ref().is_some_and(|c| {
-            c.iter()
-                .any(|ch| !ch.pending.is_empty() || !ch.outstanding.is_empty())
-        })
-    }
-}

@@ -53,6 +53,16 @@ pub(crate) fn rc_init(qp: &Qp, path: &Path) -> Result<()> {
     )
 }
 
+/// Any state -> RESET -> INIT: lets an unused RC QP be connected afresh.
+pub(crate) fn rc_reinit(qp: &Qp, path: &Path) -> Result<()> {
+    let mut a = ibv_qp_attr {
+        qp_state: sys::IBV_QPS_RESET,
+        ..Default::default()
+    };
+    qp.modify(&mut a, sys::IBV_QP_STATE, "ibv_modify_qp(RESET)")?;
+    rc_init(qp, path)
+}
+
 /// INIT -> RTR towards the remote QP `dest_qpn` starting at `rq_psn`.
 pub(crate) fn rc_rtr(
     qp: &Qp,
