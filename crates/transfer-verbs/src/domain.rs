@@ -22,7 +22,7 @@ use transfer_core::{
 use crate::config::VerbsConfig;
 use crate::devinfo::{self, DeviceInfo, LinkLayer, PortInfo};
 use crate::error::{ConnFate, errno_error, post_is_backpressure, wc_error, wc_fate};
-use crate::handshake::{self, Hello, WireAddress};
+use crate::handshake::{self, Hello, Phase, WireAddress};
 use crate::peer::{Channel, Entry, MSG, Peer, RMA, State};
 use crate::qp::{self, Path};
 use crate::rdma_op::{SendChain, Work, WorkKind, WriteSpec, expand_writes, must_signal, wr_id};
@@ -518,79 +518,65 @@ impl VerbsDomain {
             "peer {pid}: hello in conn={} peer_conn={:?} confirmed={} bye={} (mine: conn={} remote={:?} state={:?})",
             h.conn, h.peer_conn, h.confirmed, h.bye, p.conn, p.remote_conn, p.state
         );
-        if h.conn < p.min_remote_conn {
+        let view = handshake::ConnView {
+            conn: p.conn,
+            remote_conn: p.remote_conn,
+            min_remote_conn: p.min_remote_conn,
+            confirmed: p.confirmed,
+            phase: match p.state {
+                State::Idle => Phase::Idle,
+                State::Connecting => Phase::Connecting,
+                State::Ready => Phase::Ready,
+                State::Dead(_) => Phase::Dead,
+            },
+        };
+        let a = handshake::decide(&view, h);
+        if a.ignore {
             return;
         }
-        if h.bye {
-            if p.remote_conn == Some(h.conn) {
-                let err = TransferError::PeerUnreachable {
-                    call: "verbs connection",
-                    reason: "the peer closed the connection".into(),
-                };
-                self.close_peer(p, &err, State::Idle);
-            }
+        if a.close {
+            let err = TransferError::PeerUnreachable {
+                call: "verbs connection",
+                reason: "the peer closed the connection".into(),
+            };
+            self.close_peer(p, &err, State::Idle);
             return;
         }
-        if h.peer_conn.is_some_and(|c| c != p.conn) {
-            // Addressed to a connection of ours that no longer exists (a
-            // duplicate from before we rebuilt our QPs). Accepting it would
-            // connect our new QPs to stale ones and make both sides rebuild
-            // forever; the sender resets when our current hello reaches it.
-            return;
+        if a.rebuild {
+            let err = TransferError::PeerUnreachable {
+                call: "verbs connection",
+                reason: "the peer re-established the connection".into(),
+            };
+            self.reconnect(pid, p, &err);
         }
-        match p.remote_conn {
-            Some(rc) if h.conn < rc => return,
-            Some(rc) if h.conn == rc => {}
-            Some(_) if p.state == State::Connecting => {
-                // The remote rebuilt its QPs while ours, connected to its old
-                // ones, carried nothing yet (work is posted only once Ready):
-                // re-point ours and keep our connection number, so the two
-                // sides converge instead of rebuilding in turn.
-                let repointed = p.chans.as_ref().map(|c| {
-                    c.iter()
-                        .try_for_each(|ch| qp::rc_reinit(&ch.qp, &self.path))
-                });
-                if let Some(Err(e)) = repointed {
-                    self.close_peer(p, &e, State::Dead(e.clone()));
-                    return;
-                }
-                p.remote_conn = None;
-            }
-            Some(_) => {
-                let err = TransferError::PeerUnreachable {
-                    call: "verbs connection",
-                    reason: "the peer re-established the connection".into(),
-                };
-                self.reconnect(pid, p, &err);
-                p.remote_conn = None;
-            }
-            None => {}
-        }
-        if p.chans.is_none() {
-            if matches!(p.state, State::Dead(_) | State::Idle) {
-                let err = TransferError::PeerUnreachable {
-                    call: "verbs connection",
-                    reason: "reconnecting".into(),
-                };
-                self.reconnect(pid, p, &err);
-            }
-            if p.chans.is_none() {
+        if a.repoint {
+            let repointed = p.chans.as_ref().map(|c| {
+                c.iter()
+                    .try_for_each(|ch| qp::rc_reinit(&ch.qp, &self.path))
+            });
+            if let Some(Err(e)) = repointed {
+                self.close_peer(p, &e, State::Dead(e.clone()));
                 return;
             }
+            p.remote_conn = None;
         }
-        if p.remote_conn.is_none() {
+        if p.chans.is_none() {
+            // Rebuilding failed (the peer is Dead with the reason).
+            return;
+        }
+        if a.connect {
             if let Err(e) = self.connect(p, h) {
                 self.close_peer(p, &e, State::Dead(e.clone()));
                 return;
             }
             p.remote_conn = Some(h.conn);
         }
-        if h.peer_conn == Some(p.conn) && !p.confirmed {
+        if a.confirm {
             trace!("peer {pid}: connected (conn {} <-> {})", p.conn, h.conn);
             p.confirmed = true;
             p.state = State::Ready;
         }
-        if h.peer_conn != Some(p.conn) || !h.confirmed {
+        if a.reply {
             self.send_hello(p, false);
         }
     }

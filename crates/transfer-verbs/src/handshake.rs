@@ -125,3 +125,100 @@ pub fn decode_hello(bytes: &[u8]) -> Result<Hello> {
     }
     Ok(h)
 }
+
+/// Where one side's connection to a peer stands, as the hello logic sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// No QPs (the peer said goodbye); a hello or new work rebuilds them.
+    Idle,
+    /// QPs exist; waiting for the peer to echo our connection number.
+    Connecting,
+    /// Confirmed by the peer: work is posted.
+    Ready,
+    /// Unreachable (retries exhausted, handshake timed out): no QPs.
+    Dead,
+}
+
+/// One side's view of its connection to a peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnView {
+    /// Our connection number (of our current QPs).
+    pub conn: u64,
+    /// The peer connection our QPs are connected to.
+    pub remote_conn: Option<u64>,
+    /// Hellos from older peer connections are stale.
+    pub min_remote_conn: u64,
+    /// Whether the peer echoed our `conn`.
+    pub confirmed: bool,
+    /// Phase.
+    pub phase: Phase,
+}
+
+/// What to do with one received hello; the steps apply in field order.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HelloAction {
+    /// Stale or foreign: do nothing else.
+    pub ignore: bool,
+    /// The peer closed our current connection: drop the QPs, become Idle.
+    pub close: bool,
+    /// Build new QPs with a new connection number (fails posted work).
+    pub rebuild: bool,
+    /// Reset our unused QPs to INIT (keeping our connection number).
+    pub repoint: bool,
+    /// Connect our QPs to the hello's (RTR/RTS); `remote_conn = hello.conn`.
+    pub connect: bool,
+    /// The peer echoed our connection: become Ready.
+    pub confirm: bool,
+    /// Answer with our current hello.
+    pub reply: bool,
+}
+
+/// The handshake's decision for a received hello `h` (pure; see the module
+/// documentation). Two rules keep both sides converging under lost,
+/// duplicated and reordered datagrams: hellos naming a connection of ours
+/// that we replaced are ignored, and a side whose QPs carried nothing yet
+/// re-points them to a rebuilt peer instead of rebuilding itself.
+pub fn decide(v: &ConnView, h: &Hello) -> HelloAction {
+    let ignore = HelloAction {
+        ignore: true,
+        ..Default::default()
+    };
+    if h.conn < v.min_remote_conn {
+        return ignore;
+    }
+    if h.bye {
+        return if v.remote_conn == Some(h.conn) {
+            HelloAction {
+                close: true,
+                ..Default::default()
+            }
+        } else {
+            ignore
+        };
+    }
+    if h.peer_conn.is_some_and(|c| c != v.conn) {
+        return ignore;
+    }
+    let mut a = HelloAction::default();
+    match v.remote_conn {
+        Some(rc) if h.conn < rc => return ignore,
+        Some(rc) if h.conn == rc => {}
+        Some(_) if v.phase == Phase::Connecting => a.repoint = true,
+        Some(_) => a.rebuild = true,
+        None => {}
+    }
+    if matches!(v.phase, Phase::Idle | Phase::Dead) {
+        a.rebuild = true;
+    }
+    let remote_after = if a.rebuild || a.repoint {
+        None
+    } else {
+        v.remote_conn
+    };
+    a.connect = remote_after.is_none();
+    // After a rebuild our connection number is new: the hello cannot name it.
+    let echoed = !a.rebuild && h.peer_conn == Some(v.conn);
+    a.confirm = echoed && !v.confirmed;
+    a.reply = !echoed || !h.confirmed;
+    a
+}
