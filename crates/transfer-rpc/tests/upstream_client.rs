@@ -28,9 +28,10 @@ fn fill(n: usize, seed: f32) -> Vec<f32> {
 }
 
 /// Builds, allocates on `backend`, computes and reads back the outputs.
-/// SAFETY of the unsafe block: plain ggml API use; every pointer comes from
-/// ggml and lives until `ggml_free` / `ggml_backend_buffer_free` at the end.
 fn run(backend: sys::ggml_backend_t) -> Vec<Vec<f32>> {
+    // SAFETY: plain ggml API use; every pointer comes from ggml and lives
+    // until `ggml_free` / `ggml_backend_buffer_free` at the end; host slices
+    // passed to tensor_set/get have exactly the tensor's byte size.
     unsafe {
         let params = sys::ggml_init_params {
             mem_size: 64 * sys::ggml_tensor_overhead() + sys::ggml_graph_overhead(),
