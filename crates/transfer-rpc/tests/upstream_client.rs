@@ -1,7 +1,10 @@
 //! ggml's own RPC client (the code llama.cpp uses to offload) against our
-//! server: a graph of the ops a llama layer uses, built with ggml's op
-//! builders, computed through RPC on our server and locally on ggml's CPU
-//! backend; the outputs must agree.
+//! server: a graph of the ops a llama layer uses (RMS_NORM, MUL, MUL_MAT,
+//! ADD with broadcast, RESHAPE, ROPE, PERMUTE, CONT, SCALE, SOFT_MAX with
+//! and without mask, GET_ROWS, SWIGLU, SET_ROWS, VIEW of F16 caches,
+//! FLASH_ATTN_EXT, CPY F32->F16), built with ggml's op builders, computed
+//! through RPC on our server and locally on ggml's CPU backend; the outputs
+//! must agree within 1e-5 (F16 outputs are compared bit for bit).
 //!
 //! Run with:
 //! `GGML_RPC=ON GGML_RPC_RDMA=OFF CARGO_TARGET_DIR=/work/target-rpc-up \
@@ -50,9 +53,16 @@ fn run(backend: sys::ggml_backend_t) -> Vec<Vec<f32>> {
         let wgu = sys::ggml_new_tensor_2d(ctx, f32t, 8, 16);
         let kv = sys::ggml_new_tensor_2d(ctx, f32t, 8, 6);
         let rows_ix = sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I64, 4);
+        let f16t = sys::GGML_TYPE_F16;
+        let bias = sys::ggml_new_tensor_1d(ctx, f32t, 8);
+        let kcache = sys::ggml_new_tensor_2d(ctx, f16t, 8, 6);
+        let vcache = sys::ggml_new_tensor_2d(ctx, f16t, 8, 6);
+        let fa_mask = sys::ggml_new_tensor_2d(ctx, f16t, 6, 4);
+        let sm_mask = sys::ggml_new_tensor_2d(ctx, f16t, 4, 4);
+        let store = sys::ggml_new_tensor_2d(ctx, f16t, 8, 4);
 
         let h = sys::ggml_mul(ctx, sys::ggml_rms_norm(ctx, x, 1e-5), wn);
-        let q = sys::ggml_mul_mat(ctx, wq, h);
+        let q = sys::ggml_add(ctx, sys::ggml_mul_mat(ctx, wq, h), bias);
         let q3 = sys::ggml_reshape_3d(ctx, q, 4, 2, 4);
         let qr = sys::ggml_rope(ctx, q3, pos, 4, 0);
         let qc = sys::ggml_cont(ctx, sys::ggml_permute(ctx, qr, 0, 2, 1, 3));
@@ -61,7 +71,17 @@ fn run(backend: sys::ggml_backend_t) -> Vec<Vec<f32>> {
         let rows = sys::ggml_get_rows(ctx, emb, ids);
         let act = sys::ggml_swiglu(ctx, sys::ggml_mul_mat(ctx, wgu, h));
         let cache = sys::ggml_set_rows(ctx, kv, h, rows_ix);
-        let outs = [sm, rows, act, cache];
+        // Flash attention over F16 cache views, as llama builds it.
+        let qp = sys::ggml_permute(ctx, qr, 0, 2, 1, 3);
+        let kv3 = |c: *mut sys::ggml_tensor| {
+            let v = sys::ggml_view_3d(ctx, c, 4, 2, 6, 8, 16, 0);
+            sys::ggml_permute(ctx, v, 0, 2, 1, 3)
+        };
+        let fa =
+            sys::ggml_flash_attn_ext(ctx, qp, kv3(kcache), kv3(vcache), fa_mask, 0.5, 0.0, 0.0);
+        let sm2 = sys::ggml_soft_max_ext(ctx, kq, sm_mask, 0.25, 0.0);
+        let stored = sys::ggml_cpy(ctx, h, store);
+        let outs = [sm, rows, act, cache, fa, sm2, stored];
         let graph = sys::ggml_new_graph(ctx);
         for &o in &outs {
             sys::ggml_set_output(o);
@@ -80,6 +100,29 @@ fn run(backend: sys::ggml_backend_t) -> Vec<Vec<f32>> {
         set_f32(emb, &fill(80, 0.4));
         set_f32(wgu, &fill(128, 0.5));
         set_f32(kv, &fill(48, 0.6));
+        set_f32(bias, &fill(8, 0.7));
+        let set_f16 = |t: *mut sys::ggml_tensor, v: &[f32]| {
+            let mut h = vec![0u16; v.len()];
+            sys::ggml_fp32_to_fp16_row(v.as_ptr(), h.as_mut_ptr(), v.len() as i64);
+            assert_eq!(sys::ggml_nbytes(t), h.len() * 2);
+            sys::ggml_backend_tensor_set(t, h.as_ptr().cast(), 0, h.len() * 2);
+        };
+        set_f16(kcache, &fill(48, 0.8));
+        set_f16(vcache, &fill(48, 0.9));
+        // Causal-style masks: -inf above the diagonal.
+        let mask = |cols: usize, rows: usize| -> Vec<f32> {
+            (0..cols * rows)
+                .map(|i| {
+                    if i % cols > i / cols + 2 {
+                        f32::NEG_INFINITY
+                    } else {
+                        0.0
+                    }
+                })
+                .collect()
+        };
+        set_f16(fa_mask, &mask(6, 4));
+        set_f16(sm_mask, &mask(4, 4));
         let p: [i32; 4] = [0, 1, 2, 3];
         sys::ggml_backend_tensor_set(pos, p.as_ptr().cast(), 0, 16);
         let i: [i32; 3] = [9, 0, 4];
@@ -91,10 +134,17 @@ fn run(backend: sys::ggml_backend_t) -> Vec<Vec<f32>> {
         assert_eq!(status, sys::GGML_STATUS_SUCCESS);
         let mut results = Vec::new();
         for &o in &outs {
-            let n = sys::ggml_nbytes(o) / 4;
-            let mut v = vec![0f32; n];
-            sys::ggml_backend_tensor_get(o, v.as_mut_ptr().cast(), 0, n * 4);
-            results.push(v);
+            if (*o).type_ == f16t {
+                let n = sys::ggml_nbytes(o) / 2;
+                let mut v = vec![0u16; n];
+                sys::ggml_backend_tensor_get(o, v.as_mut_ptr().cast(), 0, n * 2);
+                results.push(v.iter().map(|&b| f32::from(b)).collect());
+            } else {
+                let n = sys::ggml_nbytes(o) / 4;
+                let mut v = vec![0f32; n];
+                sys::ggml_backend_tensor_get(o, v.as_mut_ptr().cast(), 0, n * 4);
+                results.push(v);
+            }
         }
         sys::ggml_backend_buffer_free(buf);
         sys::ggml_free(ctx);
