@@ -17,6 +17,7 @@ use crate::protocol::tensor::{MAX_SRC, RpcTensor};
 const CALL: &str = "GRAPH_COMPUTE op check";
 const GGML_TYPE_BF16: u32 = 30;
 
+const OP_DUP: u32 = 1;
 const OP_ADD: u32 = 2;
 const OP_SUB: u32 = 6;
 const OP_MUL: u32 = 7;
@@ -216,10 +217,10 @@ pub fn check_node(
             }
             Ok(())
         }
-        OP_CONT => {
+        OP_DUP | OP_CONT => {
             let a = src(0)?;
             if nelements(r) != nelements(a) || r.ty != a.ty || !float(a.ty) || !is_contiguous(r) {
-                return refuse(op, "cont shapes/types");
+                return refuse(op, "dup/cont shapes/types");
             }
             Ok(())
         }
