@@ -62,6 +62,10 @@ pub struct VerbsConfig {
     /// Register memory with `IBV_ACCESS_RELAXED_ORDERING` (an optional
     /// flag: ignored where unsupported).
     pub relaxed_ordering: bool,
+    /// Create the RC QPs in a thread domain (parent domain) when the
+    /// provider supports it (mlx5 does; soft-RoCE does not): the worker
+    /// thread owns them, so the provider can skip its locks.
+    pub thread_domain: bool,
 }
 
 impl Default for VerbsConfig {
@@ -88,6 +92,7 @@ impl Default for VerbsConfig {
             traffic_class: 0,
             pkey_index: 0,
             relaxed_ordering: true,
+            thread_domain: true,
         }
     }
 }

@@ -26,7 +26,7 @@ use crate::handshake::{self, Hello, Phase, WireAddress};
 use crate::peer::{Channel, Entry, MSG, Peer, RMA, State};
 use crate::qp::{self, Path};
 use crate::rdma_op::{SendChain, Work, WorkKind, WriteSpec, expand_writes, must_signal, wr_id};
-use crate::resources::{Context, Cq, Mr, Pd, Qp, Srq};
+use crate::resources::{Context, Cq, Mr, Pd, Qp, Srq, ThreadDomain};
 use crate::sys::{self, datapath, ibv_recv_wr, ibv_sge, ibv_wc};
 use crate::trace::trace;
 use crate::ud::UdEndpoint;
@@ -63,6 +63,8 @@ pub struct VerbsDomain {
     send_bufs: HashMap<u64, SendBuf>,
     slot_mr: Mr,
     cq: Cq,
+    /// Thread domain + parent domain for the RC QPs, when the provider has them.
+    td: Option<ThreadDomain>,
     pd: Pd,
     ctx: Context,
     slot_buf: HostBuffer,
@@ -145,6 +147,11 @@ impl VerbsDomain {
             mtu: port.active_mtu.max(1),
         };
         let pd = Pd::alloc(&ctx)?;
+        let td = if cfg.thread_domain {
+            ThreadDomain::create(&ctx, &pd)
+        } else {
+            None
+        };
         let cq_req = cfg.cq_depth.min(dev.max_cqe.max(1));
         let cq = Cq::create(&ctx, cq_req)?;
         let srq_cap = dev.max_srq_wr.max(1);
@@ -179,6 +186,7 @@ impl VerbsDomain {
             send_bufs: HashMap::new(),
             slot_mr,
             cq,
+            td,
             pd,
             ctx,
             slot_buf,
@@ -231,6 +239,11 @@ impl VerbsDomain {
     /// The GID index in use (`None`: LID-routed InfiniBand).
     pub fn gid_index(&self) -> Option<u32> {
         self.gid_index
+    }
+
+    /// Whether the RC QPs live in a thread domain (lock-free provider paths).
+    pub fn uses_thread_domain(&self) -> bool {
+        self.td.is_some()
     }
 
     /// The configuration the domain was opened with.
@@ -301,14 +314,8 @@ impl VerbsDomain {
 
     fn new_channels(&mut self, pid: u64) -> Result<[Channel; 2]> {
         let mk = |d: &Self, srq: &Srq| -> Result<(Qp, u32)> {
-            let qp = Qp::create(
-                &d.pd,
-                &d.cq,
-                Some(srq),
-                sys::IBV_QPT_RC,
-                d.sq_depth as u32,
-                0,
-            )?;
+            let pd = d.td.as_ref().map_or(&d.pd, ThreadDomain::pd);
+            let qp = Qp::create(pd, &d.cq, Some(srq), sys::IBV_QPT_RC, d.sq_depth as u32, 0)?;
             qp::rc_init(&qp, &d.path)?;
             Ok((qp, rand::random::<u32>() & 0x00ff_ffff))
         };

@@ -295,3 +295,62 @@ impl Ah {
         Self::from_raw(pd.v, p, "ibv_create_ah")
     }
 }
+
+/// A thread domain and the parent domain (a PD whose objects take no
+/// locks: one thread uses them) built on it. Drop order: parent, then TD.
+pub(crate) struct ThreadDomain {
+    parent: std::mem::ManuallyDrop<Pd>,
+    td: NonNull<sys::extended::ibv_td>,
+    dealloc_td: sys::extended::DeallocTdFn,
+}
+
+impl ThreadDomain {
+    /// `None` when the provider has no thread domains (rxe, older libraries)
+    /// or refuses one.
+    pub(crate) fn create(ctx: &Context, pd: &Pd) -> Option<Self> {
+        // SAFETY: live context.
+        let ops = unsafe { sys::extended::thread_domain_ops(ctx.as_ptr()) }?;
+        let mut tattr = sys::extended::ibv_td_init_attr::default();
+        // SAFETY: provider entry point; attr valid for the call.
+        let td = NonNull::new(unsafe { (ops.alloc_td)(ctx.as_ptr(), &mut tattr) })?;
+        let mut pattr = sys::extended::ibv_parent_domain_init_attr {
+            pd: pd.as_ptr(),
+            td: td.as_ptr(),
+            comp_mask: 0,
+            alloc: std::ptr::null_mut(),
+            free: std::ptr::null_mut(),
+            pd_context: std::ptr::null_mut(),
+        };
+        // SAFETY: provider entry point; live PD and TD; attr valid for the call.
+        let parent = unsafe { (ops.alloc_parent_domain)(ctx.as_ptr(), &mut pattr) };
+        match Pd::from_raw(ctx.verbs(), parent, "ibv_alloc_parent_domain") {
+            Ok(parent) => Some(Self {
+                parent: std::mem::ManuallyDrop::new(parent),
+                td,
+                dealloc_td: ops.dealloc_td,
+            }),
+            Err(_) => {
+                // SAFETY: allocated just above, unused.
+                unsafe { (ops.dealloc_td)(td.as_ptr()) };
+                None
+            }
+        }
+    }
+
+    /// The parent domain, used as the PD of the RC QPs.
+    pub(crate) fn pd(&self) -> &Pd {
+        &self.parent
+    }
+}
+
+impl Drop for ThreadDomain {
+    fn drop(&mut self) {
+        // SAFETY: the parent domain is released exactly once, here, before
+        // its thread domain; it has no QPs left (VerbsDomain releases peers
+        // first).
+        unsafe {
+            std::mem::ManuallyDrop::drop(&mut self.parent);
+            (self.dealloc_td)(self.td.as_ptr());
+        }
+    }
+}

@@ -104,6 +104,7 @@ fn device_facts() {
         port.gids.len(),
         port.max_msg_sz
     );
+    eprintln!("thread domain: {}", d.uses_thread_domain());
     assert_eq!(info.ordering, transfer_core::Ordering::InOrder);
     let a = transfer_verbs::handshake::decode_address(&d.address()).unwrap();
     assert_eq!(a, d.wire_address());

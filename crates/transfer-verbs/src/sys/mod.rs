@@ -2,6 +2,7 @@
 //! inline data-path verbs. Everything above this module is safe Rust.
 
 pub mod datapath;
+pub mod extended;
 pub mod loader;
 pub mod types;
 
