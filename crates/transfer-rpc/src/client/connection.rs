@@ -138,6 +138,14 @@ impl Client {
         self.stats.as_ref()
     }
 
+    /// When counters are enabled (`TRANSFER_RPC_STATS=1`), prints the table
+    /// of this step to stderr under `label` and resets it.
+    pub fn print_stats(&mut self, label: &str) {
+        if let Some(st) = self.take_stats() {
+            eprintln!("transfer-rpc stats [{label}] {}:\n{st}", self.endpoint);
+        }
+    }
+
     /// Returns the counters and resets them (per-step tables).
     pub fn take_stats(&mut self) -> Option<Stats> {
         self.stats.as_mut().map(Stats::take)

@@ -273,11 +273,16 @@ impl BufferRegistry {
     ) -> Result<Vec<u8>> {
         let buf = self.buffer(call, handle)?;
         let (s, e) = range(call, &buf, offset, len)?;
+        let mut out = Vec::new();
+        out.try_reserve_exact(e - s)
+            .map_err(|_| RpcError::refused(call, format!("cannot allocate {} bytes", e - s)))?;
         let mem = buf.data.read().unwrap_or_else(PoisonError::into_inner);
-        mem.as_slice()
+        let src = mem
+            .as_slice()
             .get(s..e)
-            .map(<[u8]>::to_vec)
-            .ok_or_else(|| RpcError::refused(call, "range is outside the buffer"))
+            .ok_or_else(|| RpcError::refused(call, "range is outside the buffer"))?;
+        out.extend_from_slice(src);
+        Ok(out)
     }
 
     /// Fills `len` bytes at `offset` of a buffer with `value`.
