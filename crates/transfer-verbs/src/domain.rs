@@ -423,6 +423,7 @@ impl VerbsDomain {
             conn: p.conn,
             peer_conn: p.remote_conn,
             confirmed: p.confirmed,
+            min_peer_conn: p.min_remote_conn,
             qpns,
             psns,
         }

@@ -11,8 +11,8 @@
 //! own `conn` echoed knows the remote QPs are ready and starts posting. A
 //! hello naming a newer `conn` than the one recorded means the sender
 //! rebuilt its QPs (after an error or `remove_peer`): the receiver rebuilds
-//! too. Older `conn`s are stale and ignored, and so are hellos whose
-//! `peer_conn` names a connection the receiver has since replaced.
+//! too (or, if its QPs carried nothing yet, re-points them). Older `conn`s
+//! are stale and ignored. See [`decide`].
 
 use serde::{Deserialize, Serialize};
 use transfer_core::{NicAddress, Result, TransferError};
@@ -61,6 +61,10 @@ pub struct Hello {
     pub peer_conn: Option<u64>,
     /// Whether the sender has seen its own `conn` echoed (it may post).
     pub confirmed: bool,
+    /// The oldest receiver connection the sender accepts: after an error it
+    /// rebuilt its QPs and refuses the receiver's current ones, which must
+    /// be rebuilt too.
+    pub min_peer_conn: u64,
     /// RC QP numbers: `[messages, writes]`.
     pub qpns: [u32; 2],
     /// Initial packet sequence numbers of those QPs (random).
@@ -175,9 +179,14 @@ pub struct HelloAction {
 
 /// The handshake's decision for a received hello `h` (pure; see the module
 /// documentation). Two rules keep both sides converging under lost,
-/// duplicated and reordered datagrams: hellos naming a connection of ours
-/// that we replaced are ignored, and a side whose QPs carried nothing yet
-/// re-points them to a rebuilt peer instead of rebuilding itself.
+/// duplicated and reordered datagrams (tests/handshake_sim.rs): a side
+/// whose QPs carried nothing yet re-points them to a rebuilt peer instead
+/// of rebuilding itself (otherwise both sides can rebuild in turn forever),
+/// and a side told that its connection is refused (`min_peer_conn`, sent by
+/// a peer that rebuilt after an error) rebuilds. A hello whose `peer_conn`
+/// names an older connection of ours is *not* ignored: both sides may be
+/// connected to each other's previous QPs, and only answering lets them
+/// converge.
 pub fn decide(v: &ConnView, h: &Hello) -> HelloAction {
     let ignore = HelloAction {
         ignore: true,
@@ -196,19 +205,19 @@ pub fn decide(v: &ConnView, h: &Hello) -> HelloAction {
             ignore
         };
     }
-    if h.peer_conn.is_some_and(|c| c != v.conn) {
-        return ignore;
-    }
+    // The sender rebuilt after an error and refuses our current QPs.
+    let refused = v.conn < h.min_peer_conn;
     let mut a = HelloAction::default();
     match v.remote_conn {
         Some(rc) if h.conn < rc => return ignore,
         Some(rc) if h.conn == rc => {}
-        Some(_) if v.phase == Phase::Connecting => a.repoint = true,
+        Some(_) if v.phase == Phase::Connecting && !refused => a.repoint = true,
         Some(_) => a.rebuild = true,
         None => {}
     }
-    if matches!(v.phase, Phase::Idle | Phase::Dead) {
+    if refused || matches!(v.phase, Phase::Idle | Phase::Dead) {
         a.rebuild = true;
+        a.repoint = false;
     }
     let remote_after = if a.rebuild || a.repoint {
         None

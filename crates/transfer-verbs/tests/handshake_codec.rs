@@ -27,6 +27,7 @@ fn hello() -> Hello {
         conn: 1 << 40,
         peer_conn: Some(7),
         confirmed: true,
+        min_peer_conn: 3,
         qpns: [0x12, 0x13],
         psns: [0xabcdef, 0x12345],
     }

@@ -81,6 +81,7 @@ impl Sim {
             conn: v.conn,
             peer_conn: v.remote_conn,
             confirmed: v.confirmed,
+            min_peer_conn: v.min_remote_conn,
             qpns: [1, 2],
             psns: [0, 0],
         };
@@ -263,7 +264,7 @@ fn clean_network_connects_in_a_few_messages() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(400))]
+    #![proptest_config(ProptestConfig::with_cases(2000))]
     #[test]
     fn converges_after_loss_duplication_reordering_and_resets(seed in any::<u64>(), chaos in 0usize..400) {
         if let Err(e) = run(seed, chaos) {
@@ -271,4 +272,25 @@ proptest! {
             prop_assert!(e == "both entries gone", "{}", e);
         }
     }
+}
+/// A deterministic sweep over many schedules (cheap: a few ms per thousand).
+#[test]
+fn many_seeded_schedules_converge() {
+    let mut failures = Vec::new();
+    for seed in 1..30_000u64 {
+        match run(
+            seed.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+            (seed % 600) as usize,
+        ) {
+            Ok(_) => {}
+            Err(e) if e == "both entries gone" => {}
+            Err(e) => failures.push(format!("seed {seed}: {e}")),
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} schedules did not converge, e.g. {:?}",
+        failures.len(),
+        failures.first()
+    );
 }
