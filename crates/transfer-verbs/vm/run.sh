@@ -72,15 +72,19 @@ busybox --list | grep -qx sh || die "busybox has no sh applet (install busybox-s
 # ------------------------------------------------------------------ test binaries
 if [ $BUILD = 1 ]; then
 	log "building transfer-verbs test binaries"
-	while read -r exe; do BINS+=("$exe"); done < <(
-		cd "$REPO" && cargo test -p transfer-verbs --no-run --message-format=json 2>/dev/null |
-		python3 -c '
+	JSON=$(mktemp)
+	# Compiler diagnostics are printed (rendered) if the build fails.
+	if ! (cd "$REPO" && cargo test -p transfer-verbs --no-run --message-format=json-render-diagnostics >"$JSON"); then
+		rm -f "$JSON"; die "cargo test -p transfer-verbs --no-run failed"
+	fi
+	while read -r exe; do BINS+=("$exe"); done < <(python3 -c '
 import json, sys
-for line in sys.stdin:
+for line in open(sys.argv[1]):
     try: m = json.loads(line)
     except ValueError: continue
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
-        print(m["executable"])')
+        print(m["executable"])' "$JSON")
+	rm -f "$JSON"
 	[ ${#BINS[@]} -gt 0 ] || die "cargo built no test binary"
 fi
 [ ${#BINS[@]} -gt 0 ] || [ -n "$CMD" ] || die "nothing to run: give --build, --bin PATH or a command"
@@ -199,24 +203,42 @@ chmod +x "$R/init"
 log "initramfs $(du -h "$WORK/initramfs.gz" | cut -f1), kernel $KVER, binaries: ${NAMES[*]:-none}"
 
 # ------------------------------------------------------------------ boot
+FALLBACK=
 if [ "$ACCEL" = auto ]; then
-	# PVM "KVM" opens fine but hangs a stock kernel: use KVM only when real.
+	# PVM "KVM" opens fine but hangs a stock kernel: use KVM only when it
+	# looks real, and fall back to TCG if the guest stays silent.
 	if grep -qwE 'vmx|svm' /proc/cpuinfo && [ -w /dev/kvm ] && [ ! -d /sys/module/kvm_pvm ]; then
-		ACCEL=kvm
+		ACCEL=kvm; FALLBACK=tcg
 	else
 		ACCEL=tcg
 	fi
 fi
-if [ "$ACCEL" = kvm ]; then ACC=(-accel kvm -cpu host); else ACC=(-accel tcg,thread=multi -cpu max); fi
 LOG=$WORK/console.log
-log "booting (accel=$ACCEL, ${MEM} MiB, $SMP CPUs, timeout ${TIMEOUT}s)"
+boot() { # $1 = kvm|tcg; sets qrc; returns 1 if KVM stayed silent
+	local acc=$1 waited=0
+	if [ "$acc" = kvm ]; then ACC=(-accel kvm -cpu host); else ACC=(-accel tcg,thread=multi -cpu max); fi
+	log "booting (accel=$acc, ${MEM} MiB, $SMP CPUs, timeout ${TIMEOUT}s)"
+	: >"$LOG"
+	timeout "$TIMEOUT" qemu-system-x86_64 "${ACC[@]}" -smp "$SMP" -m "$MEM" -nographic -no-reboot \
+		-nic none -kernel "$KDIR/boot/vmlinuz-$KVER" -initrd "$WORK/initramfs.gz" \
+		-append "console=ttyS0 loglevel=3 panic=-1 quiet" </dev/null >"$LOG" 2>&1 &
+	QPID=$!
+	if [ -n "$FALLBACK" ] && [ "$acc" = kvm ]; then
+		while kill -0 "$QPID" 2>/dev/null && ! grep -q 'VM: kernel' "$LOG"; do
+			sleep 1; waited=$((waited + 1))
+			if [ $waited -ge "${KVM_BOOT_TIMEOUT:-60}" ]; then
+				log "KVM guest silent for ${waited}s: retrying with TCG"
+				kill "$QPID" 2>/dev/null; wait "$QPID" 2>/dev/null || true; QPID=
+				return 1
+			fi
+		done
+	fi
+	set +e; wait "$QPID"; qrc=$?; set -e
+	QPID=
+	return 0
+}
 tb=$(date +%s.%N)
-timeout "$TIMEOUT" qemu-system-x86_64 "${ACC[@]}" -smp "$SMP" -m "$MEM" -nographic -no-reboot \
-	-nic none -kernel "$KDIR/boot/vmlinuz-$KVER" -initrd "$WORK/initramfs.gz" \
-	-append "console=ttyS0 loglevel=3 panic=-1 quiet" </dev/null >"$LOG" 2>&1 &
-QPID=$!
-set +e; wait $QPID; qrc=$?; set -e
-QPID=
+boot "$ACCEL" || { tb=$(date +%s.%N); boot "$FALLBACK"; }
 cp "$LOG" "$CACHE/last-console.log"
 # The console from the first line of our init on (kernel noise before it is skipped).
 tr -d '\r' < "$LOG" | sed -n '/VM: kernel/,$p' | grep -v '^RXE_VM_EXIT=' || true
