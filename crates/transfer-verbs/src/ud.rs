@@ -170,6 +170,7 @@ impl UdEndpoint {
             // SAFETY: live CQ; wcs has room for its length.
             let n = unsafe { datapath::poll_cq(self.cq.as_ptr(), &mut wcs) };
             let Ok(n) = usize::try_from(n) else { return };
+            let n = n.min(wcs.len());
             for wc in &wcs[..n] {
                 let slot = (wc.wr_id & 0xffff_ffff) as usize;
                 if wc.wr_id & RECV_TAG != 0 && slot < RECV_SLOTS {

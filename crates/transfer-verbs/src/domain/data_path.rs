@@ -308,6 +308,7 @@ impl VerbsDomain {
             // SAFETY: live CQ; the buffer has room for its length.
             let n = unsafe { datapath::poll_cq(self.cq.as_ptr(), &mut self.wcs) };
             let Ok(n) = usize::try_from(n) else { return };
+            let n = n.min(self.wcs.len());
             for i in 0..n {
                 let wc = self.wcs[i];
                 self.on_wc(wc);
