@@ -153,11 +153,19 @@ impl VerbsDomain {
         } else {
             None
         };
-        let cq_req = cfg.cq_depth.min(dev.max_cqe.max(1));
-        let cq = Cq::create(&ctx, cq_req)?;
+        let sq_depth = cfg.sq_depth.clamp(1, dev.max_qp_wr.max(1));
         let srq_cap = dev.max_srq_wr.max(1);
-        let rma_cap = cfg.rma_srq_depth.clamp(1, srq_cap);
         let msg_cap = cfg.msg_srq_depth.clamp(1, srq_cap);
+        // Every posted receive and send WR may produce a completion: the CQ
+        // must hold both SRQs plus room for sends, or nothing could post.
+        let need = cfg
+            .rma_srq_depth
+            .saturating_add(msg_cap)
+            .saturating_add(sq_depth.saturating_mul(2));
+        let cq_req = cfg.cq_depth.max(need).min(dev.max_cqe.max(1));
+        let cq = Cq::create(&ctx, cq_req)?;
+        let room = cq.depth().saturating_sub(msg_cap + 2 * sq_depth).max(1);
+        let rma_cap = cfg.rma_srq_depth.clamp(1, srq_cap).min(room);
         let rma_srq = Srq::create(&pd, rma_cap, 1)?;
         let msg_srq = Srq::create(&pd, msg_cap, 1)?;
         let qkey = rand::random::<u32>() & 0x7fff_ffff;
@@ -166,7 +174,6 @@ impl VerbsDomain {
         let slots = cfg.send_slots.max(1);
         let slot_buf = HostBuffer::new(slot_size * slots)?;
         let slot_mr = Mr::register(&pd, slot_buf.as_ptr(), slot_buf.len(), false)?;
-        let sq_depth = cfg.sq_depth.clamp(1, dev.max_qp_wr.max(1));
         let wire = WireAddress {
             version: handshake::VERSION,
             gid,
