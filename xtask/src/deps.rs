@@ -11,7 +11,8 @@ use std::process::Command;
 pub struct Package {
     /// Debian/Ubuntu package name.
     pub name: &'static str,
-    /// Files of which at least one exists when the package is installed.
+    /// Files of which at least one exists when the package is installed
+    /// (one `*` may stand for part of a directory name).
     pub probes: &'static [&'static str],
     /// Why the project needs it.
     pub why: &'static str,
@@ -41,8 +42,42 @@ pub const RUNTIME: [Package; 3] = [
     },
 ];
 
+/// Native build tools of transfer-rpc's ggml backend (vendored llama.cpp).
+pub const GGML_BUILD: [Package; 2] = [
+    Package {
+        name: "cmake",
+        probes: &["/usr/bin/cmake", "/usr/local/bin/cmake"],
+        why: "builds the vendored llama.cpp / ggml for transfer-rpc's compute tests",
+    },
+    Package {
+        name: "libclang-dev",
+        probes: &[
+            "/usr/lib/llvm-*/lib/libclang.so",
+            "/usr/lib/x86_64-linux-gnu/libclang.so",
+        ],
+        why: "bindgen over llama.h (llama-cpp-sys-2)",
+    },
+];
+
+/// Whether `pattern` names an existing file; one `*` may stand for part of
+/// a directory name (e.g. `/usr/lib/llvm-*/lib/libclang.so`).
+fn probe_exists(pattern: &str) -> bool {
+    let Some((head, tail)) = pattern.split_once('*') else {
+        return Path::new(pattern).exists();
+    };
+    let (dir, prefix) = head.rsplit_once('/').unwrap_or(("", head));
+    let (suffix, rest) = tail.split_once('/').unwrap_or((tail, ""));
+    let Ok(entries) = std::fs::read_dir(if dir.is_empty() { "/" } else { dir }) else {
+        return false;
+    };
+    entries.flatten().any(|e| {
+        let name = e.file_name().to_string_lossy().into_owned();
+        name.starts_with(prefix) && name.ends_with(suffix) && e.path().join(rest).exists()
+    })
+}
+
 fn present(p: &Package) -> bool {
-    p.probes.iter().any(|f| Path::new(f).exists())
+    p.probes.iter().any(|f| probe_exists(f))
 }
 
 fn is_root() -> bool {
@@ -94,5 +129,19 @@ pub fn ensure(pkgs: &[Package]) -> Result<(), String> {
     match pkgs.iter().find(|p| !present(p)) {
         Some(p) => Err(format!("{} still missing after apt-get install", p.name)),
         None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::probe_exists;
+
+    #[test]
+    fn probes_with_and_without_a_wildcard() {
+        assert!(probe_exists("/proc/self"));
+        assert!(!probe_exists("/proc/definitely-not-here"));
+        assert!(probe_exists("/pro*/self/status"));
+        assert!(!probe_exists("/pro*/self/not-a-file"));
+        assert!(!probe_exists("/nothing-*/x"));
     }
 }

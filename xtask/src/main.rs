@@ -14,8 +14,11 @@ const USAGE: &str = "\
 usage: cargo xtask <command> [options]
 
 commands:
-  test [--no-vm]      install what is needed, then fmt check, clippy -D warnings,
-                      and every test of the workspace (the CI command)
+  test [--no-vm] [--no-ggml]
+                      install what is needed, then fmt check, clippy -D warnings,
+                      every test of the workspace, transfer-rpc against real
+                      ggml / llama.cpp, and the verbs suite on soft-RoCE in a VM
+                      (the CI command; the flags skip the two long steps)
   bench [options]     the main job: the engine between two processes on this
                       machine over the default provider, next to raw baselines
                       (--quick, --full, --provider P, --nics N)

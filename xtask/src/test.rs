@@ -7,9 +7,11 @@ use crate::{deps, step};
 const WORKSPACE_FEATURES: &str = "transfer-core/test-domain,transfer-core/conformance";
 
 pub fn run(args: &[String]) -> Result<(), String> {
+    let (mut ggml, mut _vm) = (true, true);
     for a in args {
         match a.as_str() {
-            "--no-vm" => {}
+            "--no-vm" => _vm = false,
+            "--no-ggml" => ggml = false,
             other => return Err(format!("test: unknown option `{other}`")),
         }
     }
@@ -38,6 +40,29 @@ pub fn run(args: &[String]) -> Result<(), String> {
             "--no-fail-fast",
         ],
     )?;
+    if ggml {
+        rpc_against_llama_cpp()?;
+    } else {
+        eprintln!("==> skipped (--no-ggml): transfer-rpc against ggml and llama.cpp");
+    }
     eprintln!("==> all checks passed");
     Ok(())
+}
+
+/// transfer-rpc's compute backend and its tests against the real thing
+/// (ggml's RPC client and server, llama.cpp offloading a model to our
+/// server). GGML_* options reach cmake only in a fresh build directory, so
+/// this build has its own target directory.
+fn rpc_against_llama_cpp() -> Result<(), String> {
+    deps::ensure(&deps::GGML_BUILD)?;
+    let target = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into());
+    let dir = std::path::Path::new(&target).join("rpc-upstream");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = std::process::Command::new(cargo);
+    cmd.args(["test", "-p", "transfer-rpc", "--features", "upstream-rpc"])
+        .env("GGML_RPC", "ON")
+        .env("GGML_RPC_RDMA", "OFF")
+        .env("GGML_NO_BACKTRACE", "1")
+        .env("CARGO_TARGET_DIR", dir);
+    step::run("transfer-rpc against ggml and llama.cpp", &mut cmd)
 }
