@@ -13,7 +13,8 @@
 #     COMMAND     run inside the VM by /bin/sh, cwd /tmp, PATH=/opt/bin:...
 #                 (default: every copied binary in turn, each must exit 0)
 #   Example (what CI runs):
-#     crates/transfer-verbs/vm/run.sh --build -- conformance --test-threads=2
+#     crates/transfer-verbs/vm/run.sh --build -- 'conformance && verbs_device &&
+#       verbs_device --ignored --exact drop_releases_every_kernel_object'
 #
 # Environment:
 #   RXE_VM_CACHE  where the kernel .deb and extracted modules are cached
