@@ -264,6 +264,26 @@ impl Driver {
     }
 }
 
+impl Driver {
+    /// One raw-baseline point: a fresh sink on server 0 (so no busy sink
+    /// thread competes with the engine's measurements), `count` writes of
+    /// `size` bytes with `window` in flight, then the sink's data verified.
+    pub fn raw_point(
+        &mut self,
+        sweep: &str,
+        size: usize,
+        count: usize,
+        window: usize,
+        imm: Option<u32>,
+    ) -> Result<crate::baseline::rawloop::RawRun> {
+        let mut raw = self.raw_setup()?;
+        let src = self.src.clone();
+        let run = crate::baseline::rawloop::run(&mut raw.path(&src), size, count, window, imm);
+        self.raw_finish(raw, sweep, if run.is_ok() { size as u64 } else { 0 })?;
+        run
+    }
+}
+
 impl RawSetup {
     /// The write path for [`crate::baseline::rawloop::run`].
     pub fn path<'a>(&'a mut self, src: &LocalRegion) -> RawPath<'a> {

@@ -10,7 +10,7 @@ use transfer_core::{
 };
 
 use crate::backend::GUARD;
-use crate::baseline::{pingpong, rawloop};
+use crate::baseline::pingpong;
 use crate::driver::Driver;
 use crate::error::{BenchError, Result, protocol};
 use crate::plan::{Plan, human_size};
@@ -93,9 +93,7 @@ fn spin_imm(d: &Driver, imm: u32, n: u64) -> Result<()> {
 /// Single-write bandwidth against the raw loop, size by size.
 pub fn write_bandwidth(d: &mut Driver, plan: &Plan, pb: &ProgressBar) -> Result<Vec<Row>> {
     let t = d.first()?;
-    let mut raw = d.raw_setup()?;
     let mut rows = Vec::new();
-    let mut last = 0;
     for &size in &plan.bw_sizes {
         pb.set_message(format!("write bandwidth {}", human_size(size)));
         let count = plan.bw_count(size);
@@ -111,8 +109,7 @@ pub fn write_bandwidth(d: &mut Driver, plan: &Plan, pb: &ProgressBar) -> Result<
         d.engine.write(req(None))?.wait_timeout(GUARD)?;
         let el = windowed(plan.window, count, |_| Ok(d.engine.write(req(None))?))?;
         d.verify_prefix("write_bw", size)?;
-        let r = rawloop::run(&mut raw.path(&src), size as usize, count, plan.window, None)?;
-        last = size;
+        let r = d.raw_point("write_bw", size as usize, count, plan.window, None)?;
         let row = Row::new(
             "write_bw",
             human_size(size),
@@ -129,16 +126,13 @@ pub fn write_bandwidth(d: &mut Driver, plan: &Plan, pb: &ProgressBar) -> Result<
         });
         pb.inc(1);
     }
-    d.raw_finish(raw, "write_bw", last)?;
     Ok(rows)
 }
 
 /// Completion latency of single writes (submit to local completion).
 pub fn write_latency(d: &mut Driver, plan: &Plan, pb: &ProgressBar) -> Result<Vec<Row>> {
     let t = d.first()?;
-    let mut raw = d.raw_setup()?;
     let mut rows = Vec::new();
-    let mut last = 0;
     for &size in &plan.lat_sizes {
         pb.set_message(format!("write latency {}", human_size(size)));
         let src = d.src.clone();
@@ -161,8 +155,7 @@ pub fn write_latency(d: &mut Driver, plan: &Plan, pb: &ProgressBar) -> Result<Ve
             samples.push(t0.elapsed());
         }
         d.verify_prefix("write_lat", size)?;
-        let r = rawloop::run(&mut raw.path(&src), size as usize, plan.lat_iters, 1, None)?;
-        last = size;
+        let r = d.raw_point("write_lat", size as usize, plan.lat_iters, 1, None)?;
         rows.push(
             Row::new(
                 "write_lat",
@@ -176,7 +169,6 @@ pub fn write_latency(d: &mut Driver, plan: &Plan, pb: &ProgressBar) -> Result<Ve
         );
         pb.inc(1);
     }
-    d.raw_finish(raw, "write_lat", last)?;
     Ok(rows)
 }
 
@@ -200,15 +192,7 @@ pub fn imm_rate(d: &mut Driver, plan: &Plan, pb: &ProgressBar) -> Result<Vec<Row
     })?;
     d.remote_wait_imm(0, vec![0], imm, plan.imm_count as u64)?;
     d.verify_prefix("imm_rate", size)?;
-    let mut raw = d.raw_setup()?;
-    let r = rawloop::run(
-        &mut raw.path(&src),
-        size as usize,
-        plan.imm_count,
-        window,
-        Some(imm),
-    )?;
-    d.raw_finish(raw, "imm_rate", size)?;
+    let r = d.raw_point("imm_rate", size as usize, plan.imm_count, window, Some(imm))?;
     pb.inc(1);
     let rate = |e: Duration| plan.imm_count as f64 / e.as_secs_f64().max(1e-9);
     Ok(vec![
@@ -229,7 +213,6 @@ pub fn imm_rate(d: &mut Driver, plan: &Plan, pb: &ProgressBar) -> Result<Vec<Row
 pub fn paged(d: &mut Driver, plan: &Plan, pb: &ProgressBar) -> Result<Vec<Row>> {
     let t = d.first()?;
     let mut rows = Vec::new();
-    let mut raw = d.raw_setup()?;
     for &(page, pages) in &plan.paged {
         pb.set_message(format!("paged {} x {pages}", human_size(page)));
         if page * pages > plan.region_len {
@@ -280,8 +263,8 @@ pub fn paged(d: &mut Driver, plan: &Plan, pb: &ProgressBar) -> Result<Vec<Row>> 
                 detail: format!("{page} x {pages}"),
             });
         }
-        let r = rawloop::run(
-            &mut raw.path(&src),
+        let r = d.raw_point(
+            "paged",
             page as usize,
             (pages as usize) * reps,
             plan.window * 4,
@@ -301,7 +284,6 @@ pub fn paged(d: &mut Driver, plan: &Plan, pb: &ProgressBar) -> Result<Vec<Row>> 
         );
         pb.inc(1);
     }
-    d.raw_finish(raw, "paged", 0)?;
     Ok(rows)
 }
 
