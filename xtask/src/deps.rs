@@ -59,6 +59,48 @@ pub const GGML_BUILD: [Package; 2] = [
     },
 ];
 
+/// What the soft-RoCE VM of transfer-verbs' suite needs on the host.
+pub const VERBS_VM: [Package; 7] = [
+    Package {
+        name: "qemu-system-x86",
+        probes: &["/usr/bin/qemu-system-x86_64"],
+        why: "boots the soft-RoCE (rdma_rxe) test VM",
+    },
+    Package {
+        name: "busybox-static",
+        probes: &["/bin/busybox", "/usr/bin/busybox"],
+        why: "the test VM's userland",
+    },
+    Package {
+        name: "libibverbs1",
+        probes: &["/usr/lib/x86_64-linux-gnu/libibverbs.so.1"],
+        why: "verbs inside the test VM",
+    },
+    Package {
+        name: "ibverbs-providers",
+        probes: &[
+            "/usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so",
+            "/usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav25.so",
+        ],
+        why: "the rxe provider inside the test VM",
+    },
+    Package {
+        name: "bc",
+        probes: &["/usr/bin/bc"],
+        why: "the VM harness's arithmetic",
+    },
+    Package {
+        name: "zstd",
+        probes: &["/usr/bin/zstd"],
+        why: "unpacks the kernel package",
+    },
+    Package {
+        name: "iproute2",
+        probes: &["/usr/bin/ip", "/usr/sbin/ip", "/bin/ip"],
+        why: "ip and rdma inside the test VM",
+    },
+];
+
 /// Whether `pattern` names an existing file; one `*` may stand for part of
 /// a directory name (e.g. `/usr/lib/llvm-*/lib/libclang.so`).
 fn probe_exists(pattern: &str) -> bool {

@@ -25,6 +25,7 @@ commands:
     --netns N [--link-rate 1gbit] [--link-delay 1ms]
                       N network-namespace hosts on this machine (root)
     --hosts h1,h2,... real hosts over ssh; h1 drives, the others serve
+  verbs-vm            only the transfer-verbs suite in the soft-RoCE VM
   deps                install (or print how to install) the system packages
 ";
 
@@ -34,6 +35,7 @@ fn main() -> ExitCode {
         Some("test") => test::run(&args[1..]),
         Some("bench") => bench::run(&args[1..]),
         Some("deps") => deps::ensure(&deps::RUNTIME),
+        Some("verbs-vm") => test::verbs_vm(),
         Some("help" | "--help" | "-h") | None => {
             print!("{USAGE}");
             Ok(())

@@ -7,10 +7,10 @@ use crate::{deps, step};
 const WORKSPACE_FEATURES: &str = "transfer-core/test-domain,transfer-core/conformance";
 
 pub fn run(args: &[String]) -> Result<(), String> {
-    let (mut ggml, mut _vm) = (true, true);
+    let (mut ggml, mut vm) = (true, true);
     for a in args {
         match a.as_str() {
-            "--no-vm" => _vm = false,
+            "--no-vm" => vm = false,
             "--no-ggml" => ggml = false,
             other => return Err(format!("test: unknown option `{other}`")),
         }
@@ -45,6 +45,11 @@ pub fn run(args: &[String]) -> Result<(), String> {
     } else {
         eprintln!("==> skipped (--no-ggml): transfer-rpc against ggml and llama.cpp");
     }
+    if vm {
+        verbs_vm()?;
+    } else {
+        eprintln!("==> skipped (--no-vm): transfer-verbs conformance over soft-RoCE");
+    }
     eprintln!("==> all checks passed");
     Ok(())
 }
@@ -65,4 +70,20 @@ fn rpc_against_llama_cpp() -> Result<(), String> {
         .env("GGML_NO_BACKTRACE", "1")
         .env("CARGO_TARGET_DIR", dir);
     step::run("transfer-rpc against ggml and llama.cpp", &mut cmd)
+}
+
+/// The verbs conformance suite, unchanged, on a real soft-RoCE stack: a
+/// qemu VM booting Debian's kernel with rdma_rxe (this kernel has no RDMA).
+pub fn verbs_vm() -> Result<(), String> {
+    deps::ensure(&deps::VERBS_VM)?;
+    let mut cmd = std::process::Command::new("crates/transfer-verbs/vm/run.sh");
+    cmd.args([
+        "--build",
+        "--",
+        "conformance && verbs_device && verbs_device --ignored --exact drop_releases_every_kernel_object",
+    ]);
+    step::run(
+        "transfer-verbs conformance over soft-RoCE (qemu VM)",
+        &mut cmd,
+    )
 }
