@@ -138,6 +138,8 @@ struct PeerProc {
 }
 
 impl PeerProc {
+    // The child is waited for in Drop (EXIT, then kill after 10 s).
+    #[allow(clippy::zombie_processes)]
     fn spawn(provider: &str) -> Self {
         let mut child = Command::new(std::env::current_exe().unwrap())
             .args(["--exact", "peer_main", "--nocapture", "--test-threads=1"])
