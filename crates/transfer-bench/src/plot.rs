@@ -86,7 +86,7 @@ where
         .configure_mesh()
         .x_desc("bytes per operation")
         .y_desc(y_label)
-        .x_label_formatter(&|x| crate::plan::human_size(*x as u64))
+        .x_label_formatter(&|x| decimal_size(*x))
         .draw()
         .map_err(|e| err(&e))?;
     for (i, s) in data.iter().enumerate() {
@@ -109,6 +109,17 @@ where
         .draw()
         .map_err(|e| err(&e))?;
     root.present().map_err(|e| err(&e))
+}
+
+/// Log-axis ticks fall on powers of ten: label them in decimal units.
+fn decimal_size(x: f64) -> String {
+    if x >= 1e6 {
+        format!("{} MB", x / 1e6)
+    } else if x >= 1e3 {
+        format!("{} kB", x / 1e3)
+    } else {
+        format!("{x} B")
+    }
 }
 
 fn one(
