@@ -368,22 +368,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn alloc_quota_owner_and_bounds() {
+    fn alloc_quota_owner_and_bounds() -> std::result::Result<(), Box<dyn std::error::Error>> {
         let r = BufferRegistry::new(10_000);
-        let a = r.alloc(1, 0, 4000).unwrap();
-        let b = r.alloc(2, 0, 4000).unwrap();
+        let a = r.alloc(1, 0, 4000).ok_or("first allocation refused")?;
+        let b = r.alloc(2, 0, 4000).ok_or("second allocation refused")?;
         assert!(r.alloc(1, 0, 4000).is_none(), "quota");
         assert_ne!(a.handle, b.handle);
         assert!(b.base >= a.base + 4096 + 4096, "guard gap");
         assert!(r.free(2, a.handle).is_err(), "not the owner");
-        r.write("t", a.handle, 3990, &[1; 10]).unwrap();
+        r.write("t", a.handle, 3990, &[1; 10])?;
         assert!(r.write("t", a.handle, 3991, &[1; 10]).is_err());
         assert!(r.write("t", a.handle, u64::MAX, &[1]).is_err());
-        assert_eq!(r.read_range("t", a.handle, 3995, 5).unwrap(), vec![1; 5]);
+        assert_eq!(r.read_range("t", a.handle, 3995, 5)?, vec![1; 5]);
         assert_eq!(r.free_all(1), 1);
         assert_eq!(r.used(), 4000);
-        r.free(2, b.handle).unwrap();
+        r.free(2, b.handle)?;
         assert!(r.is_empty());
         assert!(r.alloc(1, 0, u64::MAX).is_none());
+        Ok(())
     }
 }
