@@ -74,6 +74,8 @@ pub(crate) struct RegionInner {
     pub(crate) remote: RemoteRegion,
     in_flight: AtomicUsize,
     unregistered: AtomicBool,
+    /// A NIC refused the unregister; a new attempt is allowed.
+    retry_unregister: AtomicBool,
     _owned: Option<HostBuffer>,
 }
 
@@ -106,6 +108,7 @@ impl RegionInner {
             remote,
             in_flight: AtomicUsize::new(0),
             unregistered: AtomicBool::new(false),
+            retry_unregister: AtomicBool::new(false),
             _owned: owned,
         }
     }
@@ -127,7 +130,9 @@ impl RegionInner {
     }
 
     pub(crate) fn try_unregister(&self) -> Result<()> {
-        if self.unregistered.swap(true, Ordering::SeqCst) {
+        if self.unregistered.swap(true, Ordering::SeqCst)
+            && !self.retry_unregister.swap(false, Ordering::SeqCst)
+        {
             return Err(TransferError::RegionUnregistered { call: "unregister" });
         }
         let n = self.in_flight.load(Ordering::SeqCst);
@@ -136,6 +141,12 @@ impl RegionInner {
             return Err(TransferError::RegionBusy { in_flight: n });
         }
         Ok(())
+    }
+
+    /// After a refused unregister: the region stays refused for new
+    /// transfers, but unregister may be called again.
+    pub(crate) fn reopen_for_unregister(&self) {
+        self.retry_unregister.store(true, Ordering::SeqCst);
     }
 
     pub(crate) fn check_range(&self, call: &'static str, offset: u64, len: u64) -> Result<()> {

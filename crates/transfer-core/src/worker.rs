@@ -363,11 +363,20 @@ impl<D: Domain> Worker<D> {
             Job::Unregister { region, reply } => {
                 let mut result = Ok(());
                 for (d, mr) in self.group.domains_mut().iter_mut().zip(&region.mrs) {
-                    if let Err(e) = d.unregister(*mr) {
-                        result = Err(e);
+                    match d.unregister(*mr) {
+                        // Already released by an earlier, partly refused attempt.
+                        Ok(()) | Err(TransferError::RegionUnregistered { .. }) => {}
+                        Err(e) => result = Err(e),
                     }
                 }
-                self.regions.remove(&region.id);
+                if result.is_ok() {
+                    self.regions.remove(&region.id);
+                } else {
+                    // A NIC still holds transfers it could not cancel (e.g.
+                    // failed by timeout): the memory stays allocated and
+                    // registered, and a later unregister may retry.
+                    region.reopen_for_unregister();
+                }
                 reply.send(result);
             }
             Job::Write(j) => self.write(j),

@@ -338,3 +338,35 @@ fn device_memory_is_routed_to_its_device_group() {
     drop(e);
     drop(buf);
 }
+
+/// A NIC that refuses to release a registration (transfers it cannot
+/// cancel): the region stays allocated and refused for new transfers, and
+/// unregister can be retried.
+#[test]
+fn refused_unregister_keeps_the_memory_and_can_be_retried() {
+    let (fabric, a, b) = pair(TestFabricConfig::default(), 2, 64);
+    let src = a.alloc_host(4096, 0).unwrap();
+    let dst = b.alloc_host(4096, 0).unwrap();
+    let t = target(&a, &b, &dst);
+    fabric.refuse_next_unregisters(1);
+    assert!(matches!(
+        a.unregister(&src),
+        Err(TransferError::RegionBusy { .. })
+    ));
+    let req = WriteRequest {
+        src: &src,
+        src_offset: 0,
+        dst: &t,
+        dst_offset: 0,
+        len: 8,
+        imm: None,
+    };
+    assert!(matches!(
+        a.write(req),
+        Err(TransferError::RegionUnregistered { .. })
+    ));
+    // The memory is still there and readable.
+    assert_eq!(src.to_vec().unwrap().len(), 4096);
+    a.unregister(&src).unwrap();
+    assert!(a.unregister(&src).is_err());
+}

@@ -650,6 +650,24 @@ impl Domain for LibfabricDomain {
     }
 
     fn unregister(&mut self, mr: DomainMr) -> Result<()> {
+        // A call failed by timeout or a dead peer may still have writes
+        // posted (libfabric cannot cancel them) or queued: the provider may
+        // read this memory until they come back, so the region stays.
+        let posted = self
+            .slots
+            .posted()
+            .filter(|k| matches!(k, SlotKind::Write { write, .. } if write.local_mr == mr))
+            .count();
+        let queued = self
+            .queue
+            .iter()
+            .filter(|p| matches!(p, Pending::Write { write, .. } if write.local_mr == mr))
+            .count();
+        if posted + queued > 0 {
+            return Err(TransferError::RegionBusy {
+                in_flight: posted + queued,
+            });
+        }
         self.mrs
             .remove(&mr.0)
             .map(drop)

@@ -67,6 +67,12 @@ fn silent_peer_times_out_then_recovers() {
         ),
         "{r:?}"
     );
+    // The timed-out write is still posted in the provider: its source
+    // memory must not be released under it.
+    assert!(
+        matches!(a.unregister(src.mr), Err(TransferError::RegionBusy { .. })),
+        "a region with a write still posted was unregistered"
+    );
     assert_fails_fast(a, &src, &dst, peer);
     // Cached dead entries stay dead until removed.
     assert_eq!(a.resolve_peer(&b.address()).unwrap(), peer);

@@ -236,9 +236,19 @@ impl Domain for TestDomain {
     }
 
     fn unregister(&mut self, mr: DomainMr) -> Result<()> {
-        let (_, key) = self.mrs.remove(&mr.0).ok_or_else(|| {
-            TransferError::invalid("TestDomain::unregister", "unknown registration")
-        })?;
+        {
+            let mut s = self.fabric.lock();
+            if s.refuse_unregisters > 0 {
+                s.refuse_unregisters -= 1;
+                return Err(TransferError::RegionBusy { in_flight: 1 });
+            }
+        }
+        let (_, key) = self
+            .mrs
+            .remove(&mr.0)
+            .ok_or(TransferError::RegionUnregistered {
+                call: "TestDomain::unregister",
+            })?;
         if let Some(nic) = self.fabric.lock().nics.get_mut(&self.id) {
             nic.remote_mrs.remove(&key);
         }

@@ -76,6 +76,7 @@ pub(crate) struct FabricState {
     pub(crate) next_nic: u64,
     pub(crate) next_key: u64,
     pub(crate) fail_writes: u64,
+    pub(crate) refuse_unregisters: u64,
 }
 
 /// The in-memory fabric; clone it to share.
@@ -92,6 +93,7 @@ impl TestFabric {
             next_nic: 1,
             next_key: 0x1000,
             fail_writes: 0,
+            refuse_unregisters: 0,
         })))
     }
 
@@ -133,6 +135,12 @@ impl TestFabric {
     /// Makes the next `n` writes (anywhere on the fabric) fail.
     pub fn fail_next_writes(&self, n: u64) {
         self.lock().fail_writes = n;
+    }
+
+    /// Makes the next `n` unregistrations fail as if the NIC still held
+    /// transfers it cannot cancel.
+    pub fn refuse_next_unregisters(&self, n: u64) {
+        self.lock().refuse_unregisters = n;
     }
 
     /// Removes a NIC as if its host died: operations to it fail.
