@@ -20,6 +20,11 @@ impl Harness for TestHarness {
             })
             .collect()
     }
+
+    /// The in-memory fabric lives in one process.
+    fn cross_process(&self) -> bool {
+        false
+    }
 }
 
 mod unordered_offsets {

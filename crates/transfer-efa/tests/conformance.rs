@@ -49,6 +49,7 @@ mod shm {
         send_recv_pool, imm_expect_before_and_after, many_threads,
         flag_and_future_notifications, unregister_rules,
         malformed_wire_input, drop_with_transfers_in_flight);
+    transfer_core::conformance_tests!(@two_process harness(Provider::Shm));
 
     /// libfabric 1.17 shm never completes a write its target refused (wrong
     /// key, out of range): the engine reports it by the peer timeout, but

@@ -8,6 +8,7 @@
 //! timings (timeouts are failure guards only).
 
 mod cases;
+pub mod two_process;
 mod util;
 
 pub use cases::CASES;
@@ -25,6 +26,12 @@ pub trait Harness: Sync {
 
     /// Whether the harness can give engines more than one NIC.
     fn multi_nic(&self) -> bool {
+        true
+    }
+
+    /// Whether engines built in two processes can reach each other (false
+    /// for in-memory fabrics); the two-process cases skip otherwise.
+    fn cross_process(&self) -> bool {
         true
     }
 }
@@ -65,6 +72,30 @@ macro_rules! conformance_tests {
             send_recv_pool, imm_expect_before_and_after, many_threads,
             flag_and_future_notifications, refused_requests, unregister_rules,
             malformed_wire_input, drop_with_transfers_in_flight);
+        $crate::conformance_tests!(@two_process $harness);
+    };
+    (@two_process $harness:expr) => {
+        /// The peer process of the two-process cases (a no-op unless spawned as one).
+        #[test]
+        fn two_process_peer() {
+            let Some(h) = $harness else { return };
+            let result = $crate::conformance::two_process::peer_main(&h, module_path!());
+            assert!(result.is_ok(), "two-process peer failed: {:?}", result);
+        }
+
+        #[test]
+        fn two_process_every_operation() {
+            let Some(h) = $harness else { return };
+            let result = $crate::conformance::two_process::every_operation(&h, module_path!());
+            assert!(result.is_ok(), "conformance case two_process_every_operation failed: {:?}", result);
+        }
+
+        #[test]
+        fn two_process_peer_killed_mid_stream() {
+            let Some(h) = $harness else { return };
+            let result = $crate::conformance::two_process::peer_killed_mid_stream(&h, module_path!());
+            assert!(result.is_ok(), "conformance case two_process_peer_killed_mid_stream failed: {:?}", result);
+        }
     };
     (@cases $harness:expr; $($name:ident),* $(,)?) => {
         $(
