@@ -35,3 +35,18 @@ pub fn idle_percent(secs: f64) -> Option<f64> {
     let c1 = process_cpu()?;
     Some(100.0 * (c1.saturating_sub(c0)).as_secs_f64() / t0.elapsed().as_secs_f64())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    #[test]
+    fn parses_proc_stat_even_with_spaces_in_the_name() {
+        let stat = "1234 (transfer bench) S 1 2 3 4 5 6 7 8 9 10 250 50 0 0 20 0 4 0";
+        assert_eq!(
+            super::parse_stat_cpu(stat, 100),
+            Some(Duration::from_secs(3))
+        );
+        assert_eq!(super::parse_stat_cpu("nonsense", 100), None);
+    }
+}

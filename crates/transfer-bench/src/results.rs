@@ -137,3 +137,94 @@ pub struct Results {
     /// Notes (skipped sweeps and why).
     pub notes: Vec<String>,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(metric: Metric, engine: f64, base: f64, target: &str) -> Row {
+        Row::new(
+            "s",
+            "p".into(),
+            1,
+            metric,
+            Figure {
+                value: engine,
+                latency: None,
+            },
+        )
+        .with_baseline(
+            "b",
+            Figure {
+                value: base,
+                latency: None,
+            },
+        )
+        .with_target(target)
+    }
+
+    #[test]
+    fn ratios_and_targets() {
+        let r = row(Metric::Bandwidth, 95.0, 100.0, ">= 0.95");
+        assert_eq!(r.ratio, Some(0.95));
+        assert_eq!(r.meets_target(), Some(true));
+        assert_eq!(
+            row(Metric::Bandwidth, 90.0, 100.0, ">= 0.95").meets_target(),
+            Some(false)
+        );
+        assert_eq!(
+            row(Metric::Latency, 12.0, 10.0, "<= 1.2").meets_target(),
+            Some(true)
+        );
+        assert_eq!(
+            row(Metric::Latency, 13.0, 10.0, "<= 1.2").meets_target(),
+            Some(false)
+        );
+        assert_eq!(
+            row(Metric::Rate, 1.0, 0.0, ">= 0.9").ratio,
+            None,
+            "no ratio against a zero baseline"
+        );
+        let no_target = Row::new(
+            "s",
+            "p".into(),
+            1,
+            Metric::Rate,
+            Figure {
+                value: 1.0,
+                latency: None,
+            },
+        );
+        assert_eq!(no_target.meets_target(), None);
+    }
+
+    #[test]
+    fn results_round_trip_through_json() {
+        let res = Results {
+            schema: SCHEMA_VERSION,
+            provider: "tcp;ofi_rxm".into(),
+            libfabric: "1.17".into(),
+            mode: "quick".into(),
+            layout: "local".into(),
+            rows: vec![row(Metric::Bandwidth, 1.0, 2.0, ">= 0.95").verified()],
+            idle: Some(IdleCost {
+                seconds: 5.0,
+                percent_of_core: 0.1,
+                policy: "spin".into(),
+            }),
+            memcpy_bytes_per_sec: Some(1e10),
+            notes: vec!["n".into()],
+        };
+        let text = serde_json::to_string(&res).map_err(|e| e.to_string());
+        let back: Result<Results, String> =
+            text.and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()));
+        assert_eq!(back, Ok(res.clone()));
+        let table = crate::report::table(&res);
+        assert!(
+            table.contains("MISSED")
+                && table.contains("tcp;ofi_rxm")
+                && table.contains("idle engine"),
+            "{table}"
+        );
+    }
+}

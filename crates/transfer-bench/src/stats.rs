@@ -35,3 +35,19 @@ pub fn percentile(sorted: &[f64], q: f64) -> f64 {
     let rank = (q * sorted.len() as f64).ceil() as usize;
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    #[test]
+    fn percentiles_by_nearest_rank() {
+        let samples: Vec<Duration> = (1..=100).map(Duration::from_micros).collect();
+        let l = super::latency(&samples);
+        assert_eq!(
+            l.map(|l| (l.p50_us.round(), l.p99_us.round())),
+            Some((50.0, 99.0))
+        );
+        assert_eq!(super::latency(&[]), None);
+    }
+}

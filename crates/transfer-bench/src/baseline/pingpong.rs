@@ -73,3 +73,15 @@ pub fn run(provider: &str, size: usize, iters: usize, port: u16) -> Result<PingP
     let _ = server.wait();
     Err(format!("fi_pingpong client failed: {last}"))
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn parses_fi_pingpong_output() {
+        let out = "bytes   #sent   #ack     total       time     MB/sec    usec/xfer   Mxfers/sec\n64      2k      =2k      250k        0.09s      2.94      21.80       0.05\n";
+        let p = super::parse(out);
+        assert_eq!(p.map(|p| (p.rtt_us, p.bytes_per_sec)), Some((43.6, 2.94e6)));
+        assert_eq!(super::parse("garbage"), None);
+        assert_eq!(super::parse("bytes\n1 2 3\n"), None);
+    }
+}
