@@ -7,6 +7,7 @@
 //! pass. `-FI_EAGAIN` puts the operation back at the queue's head and ends
 //! the pass: nothing is ever dropped.
 
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use transfer_core::{
@@ -209,48 +210,43 @@ impl LibfabricDomain {
         }
     }
 
-    /// Posts one queued item; `false` when the provider is full.
-    fn post_pending(&mut self, pending: Pending) -> bool {
+    /// Posts one queued item; gives it back when the provider said EAGAIN.
+    #[must_use = "an item given back must be queued again"]
+    fn post_pending(&mut self, pending: Pending) -> Option<Pending> {
         match pending {
             Pending::Write { op, write, retried } => {
                 if !self.ops.is_live(op) {
-                    return true;
+                    return None;
                 }
                 if self.ops.has_failed(op) {
                     self.finish(op, Ok(()), false);
-                    return true;
+                    return None;
                 }
                 match self.post_write(op, &write, retried) {
                     Ok(()) => {
                         self.ops.posted(op, Instant::now());
-                        true
+                        None
                     }
-                    Err(PostError::Again) => {
-                        self.queue.push_front(Pending::Write { op, write, retried });
-                        false
-                    }
+                    Err(PostError::Again) => Some(Pending::Write { op, write, retried }),
                     Err(PostError::Fail(e)) => {
                         self.finish(op, Err(e), false);
-                        true
+                        None
                     }
                 }
             }
             Pending::Send { op, peer, data } => {
                 if !self.ops.is_live(op) {
-                    return true;
+                    return None;
                 }
                 match self.post_send(op, peer, data) {
                     Ok(()) => {
                         self.ops.posted(op, Instant::now());
-                        true
+                        None
                     }
-                    Err((PostError::Again, data)) => {
-                        self.queue.push_front(Pending::Send { op, peer, data });
-                        false
-                    }
+                    Err((PostError::Again, data)) => Some(Pending::Send { op, peer, data }),
                     Err((PostError::Fail(e), _)) => {
                         self.finish(op, Err(e), false);
-                        true
+                        None
                     }
                 }
             }
@@ -269,13 +265,28 @@ impl LibfabricDomain {
                 self.queue.push_front(p);
             }
         }
+        // EAGAIN for one peer (e.g. its connection is still being set up, or
+        // it stopped answering) must not hold back work for the others:
+        // that peer's items wait, in order, and the pass goes on. A full
+        // send queue makes every post fail, which `limit` bounds.
+        let mut blocked: Vec<transfer_core::PeerId> = Vec::new();
+        let mut waiting: VecDeque<Pending> = VecDeque::new();
         for _ in 0..limit {
             let Some(p) = self.queue.pop_front() else {
                 break;
             };
-            if !self.post_pending(p) {
-                break;
+            let peer = p.peer();
+            if blocked.contains(&peer) {
+                waiting.push_back(p);
+                continue;
             }
+            if let Some(back) = self.post_pending(p) {
+                blocked.push(peer);
+                waiting.push_back(back);
+            }
+        }
+        while let Some(p) = waiting.pop_back() {
+            self.queue.push_front(p);
         }
         while let Some(r) = self.recv_queue.pop_front() {
             match self.post_recv_now(&r) {
@@ -736,7 +747,9 @@ impl Domain for LibfabricDomain {
             );
         }
         let id = self.ops.start(op, 1, Instant::now());
-        self.post_pending(Pending::Send { op: id, peer, data });
+        if let Some(back) = self.post_pending(Pending::Send { op: id, peer, data }) {
+            self.queue.push_front(back);
+        }
     }
 
     fn submit_writes(&mut self, op: OpToken, writes: &[WriteOp]) {
@@ -751,11 +764,14 @@ impl Domain for LibfabricDomain {
         let id = self.ops.start(op, writes.len(), Instant::now());
         let mut iter = writes.iter();
         if let Some(first) = iter.next() {
-            self.post_pending(Pending::Write {
+            let eager = Pending::Write {
                 op: id,
                 write: *first,
                 retried: false,
-            });
+            };
+            if let Some(back) = self.post_pending(eager) {
+                self.queue.push_front(back);
+            }
         }
         for w in iter {
             self.queue.push_back(Pending::Write {

@@ -56,6 +56,16 @@ pub(crate) enum Pending {
     },
 }
 
+impl Pending {
+    /// The peer this work goes to.
+    pub(crate) fn peer(&self) -> transfer_core::PeerId {
+        match self {
+            Pending::Write { write, .. } => write.peer,
+            Pending::Send { peer, .. } => *peer,
+        }
+    }
+}
+
 /// A receive waiting to be (re)posted.
 pub(crate) struct PendingRecv {
     pub(crate) token: RecvToken,

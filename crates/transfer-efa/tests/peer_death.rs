@@ -125,3 +125,44 @@ fn restarted_peer_at_same_address() {
     complete(&mut [&mut a, &mut b2], &mut seen, OpToken(3)).unwrap();
     assert_eq!(&dst2.mem[..4096], &src.mem[..4096]);
 }
+
+/// A silent peer (it never polls, so it never completes anything) must not
+/// hold back writes to a live one: the live peer's writes complete while the
+/// silent peer's are still pending (they can only end by the timeout).
+#[test]
+fn silent_peer_does_not_block_others() {
+    let config = Config::loopback(Provider::Tcp).with_peer_timeout(Duration::from_secs(30));
+    let Some(mut d) = open_with(config, 3) else {
+        return;
+    };
+    let (a, rest) = d.split_at_mut(1);
+    let (silent, live) = rest.split_at_mut(1);
+    let (a, silent, live) = (&mut a[0], &mut silent[0], &mut live[0]);
+    let src = Buf::new(a, 1 << 20, |i| i as u8);
+    let dst_silent = Buf::new(silent, 1 << 20, |_| 0);
+    let dst_live = Buf::new(live, 1 << 20, |_| 0);
+    let p_silent = a.resolve_peer(&silent.address()).unwrap();
+    let p_live = a.resolve_peer(&live.address()).unwrap();
+    let mut seen = Seen::default();
+    // Many writes to the silent peer first, then one to the live peer.
+    for i in 0..64u64 {
+        a.submit_writes(
+            OpToken(100 + i),
+            &[src.write_to(0, 16384, p_silent, &dst_silent, 0, None)],
+        );
+    }
+    a.submit_writes(
+        OpToken(1),
+        &[src.write_to(0, 4096, p_live, &dst_live, 0, Some(5))],
+    );
+    complete(&mut [&mut *a, &mut *live], &mut seen, OpToken(1)).unwrap();
+    assert_eq!(&dst_live.mem[..4096], &src.mem[..4096]);
+    assert!(
+        !seen
+            .completed
+            .iter()
+            .any(|(op, r)| op.0 >= 100 && r.is_err()),
+        "the live peer's write waited for the silent peer's timeout: {:?}",
+        seen.completed
+    );
+}
