@@ -244,18 +244,18 @@ fn echo(
 /// Waits for every flag and returns the first error.
 pub fn wait_flags(flags: &[Arc<DoneFlag>]) -> Result<()> {
     let deadline = Instant::now() + GUARD;
-    for f in flags {
-        while !f.is_done() {
-            if Instant::now() > deadline {
-                return Err(protocol("wait", "completion never arrived"));
-            }
-            std::thread::yield_now();
+    flags.iter().try_for_each(|f| wait_flag(f, deadline))
+}
+
+/// Yields until `flag` is done (or `deadline` passes) and returns its outcome.
+pub fn wait_flag(flag: &DoneFlag, deadline: Instant) -> Result<()> {
+    while !flag.is_done() {
+        if Instant::now() > deadline {
+            return Err(protocol("wait", "completion never arrived"));
         }
-        if let Some(Err(e)) = f.result() {
-            return Err(e.into());
-        }
+        std::thread::yield_now();
     }
-    Ok(())
+    Ok(flag.result().unwrap_or(Ok(()))?)
 }
 
 fn raw_start(opts: &BackendOpts, len: u64) -> Result<(RawSink, Response)> {

@@ -16,7 +16,7 @@ use crate::error::{BenchError, Result, protocol};
 use crate::plan::{Plan, human_size};
 use crate::proto::{Request, Response};
 use crate::results::{Figure, Metric, Row};
-use crate::server::wait_flags;
+use crate::server::{wait_flag, wait_flags};
 use crate::stats;
 use crate::verify::checksum;
 
@@ -73,16 +73,9 @@ fn wait_pending(p: Pending) -> Result<()> {
     Ok(p.wait_timeout(GUARD)?)
 }
 
-/// Spins until `flag` is done; the result is returned.
+/// Waits for `flag` under the bench's failure guard.
 fn spin_flag(flag: &DoneFlag) -> Result<()> {
-    let deadline = Instant::now() + GUARD;
-    while !flag.is_done() {
-        if Instant::now() > deadline {
-            return Err(protocol("wait", "completion never arrived"));
-        }
-        std::thread::yield_now();
-    }
-    Ok(flag.result().unwrap_or(Ok(()))?)
+    wait_flag(flag, Instant::now() + GUARD)
 }
 
 /// Spins until `n` immediates `imm` were taken.

@@ -21,14 +21,6 @@ type R = std::result::Result<(), String>;
 /// Failure guard for every wait; never a performance assertion.
 const GUARD: Duration = Duration::from_secs(60);
 
-macro_rules! ensure {
-    ($cond:expr, $($msg:tt)*) => {
-        if !$cond {
-            return Err(format!($($msg)*));
-        }
-    };
-}
-
 fn ctx<E: std::fmt::Display>(what: &'static str) -> impl FnOnce(E) -> String {
     move |e| format!("{what}: {e}")
 }

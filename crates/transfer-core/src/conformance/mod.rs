@@ -7,6 +7,15 @@
 //! verifies data byte for byte and counts immediates exactly; none asserts
 //! timings (timeouts are failure guards only).
 
+/// Fails a case with a formatted reason when `cond` is false.
+macro_rules! ensure {
+    ($cond:expr, $($msg:tt)*) => {
+        if !$cond {
+            return Err(format!($($msg)*));
+        }
+    };
+}
+
 mod cases;
 pub mod two_process;
 mod util;

@@ -207,6 +207,15 @@ impl PeerProc {
         }
     }
 
+    /// The peer as `a` reaches it, and its region.
+    fn target(&self, a: &TransferEngine) -> std::result::Result<(Peer, RemoteTarget), String> {
+        let peer = a.peer(&self.addr).map_err(err("peer"))?;
+        let t = a
+            .remote(&peer, self.region.clone())
+            .map_err(err("remote"))?;
+        Ok((peer, t))
+    }
+
     fn send(&mut self, cmd: &str) -> R {
         writeln!(self.stdin, "{cmd}").map_err(err("peer stdin"))?;
         self.stdin.flush().map_err(err("peer stdin"))
@@ -262,14 +271,6 @@ impl Drop for PeerProc {
     }
 }
 
-macro_rules! ensure {
-    ($cond:expr, $($msg:tt)*) => {
-        if !$cond {
-            return Err(format!($($msg)*));
-        }
-    };
-}
-
 /// Every operation across two processes, verified by the peer process.
 pub fn every_operation(h: &dyn Harness, module: &str) -> R {
     if !h.cross_process() {
@@ -278,8 +279,7 @@ pub fn every_operation(h: &dyn Harness, module: &str) -> R {
     }
     let a = one_engine(h)?;
     let mut p = PeerProc::spawn(module)?;
-    let peer = a.peer(&p.addr).map_err(err("peer"))?;
-    let t = a.remote(&peer, p.region.clone()).map_err(err("remote"))?;
+    let (peer, t) = p.target(&a)?;
     let src = a.alloc_host(REGION, 0).map_err(err("alloc"))?;
     let data = pattern(REGION, 7);
     src.write_at(0, &data).map_err(err("write_at"))?;
@@ -424,8 +424,7 @@ pub fn peer_killed_mid_stream(h: &dyn Harness, module: &str) -> R {
     }
     let a = one_engine(h)?;
     let mut p = PeerProc::spawn(module)?;
-    let peer = a.peer(&p.addr).map_err(err("peer"))?;
-    let t = a.remote(&peer, p.region.clone()).map_err(err("remote"))?;
+    let (_, t) = p.target(&a)?;
     let src = a.alloc_host(REGION, 0).map_err(err("alloc"))?;
     let done = Arc::new(AtomicUsize::new(0));
     let failed = Arc::new(AtomicUsize::new(0));
@@ -478,8 +477,7 @@ pub fn peer_killed_mid_stream(h: &dyn Harness, module: &str) -> R {
     ensure!(later.is_err(), "a write to the dead peer succeeded");
     // This process goes on: a new peer process.
     let mut q = PeerProc::spawn(module)?;
-    let peer2 = a.peer(&q.addr).map_err(err("peer"))?;
-    let t2 = a.remote(&peer2, q.region.clone()).map_err(err("remote"))?;
+    let (_, t2) = q.target(&a)?;
     let data = pattern(4096, 3);
     src.write_at(0, &data).map_err(err("write_at"))?;
     let req = WriteRequest {
