@@ -40,7 +40,7 @@ build() {
     if command -v strip >/dev/null; then
         strip --strip-debug "$bin/transfer-cuda-gpu" "$bin/kv_cache"
     fi
-    if command -v ldd >/dev/null && ldd "$bin/transfer-cuda-gpu" | grep -q libcuda; then
+    if command -v ldd >/dev/null && ldd "$bin/transfer-cuda-gpu" | grep libcuda >/dev/null; then
         echo "gpu-check: the test binary links libcuda; it must only dlopen it" >&2
         exit 1
     fi

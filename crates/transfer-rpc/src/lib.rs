@@ -28,9 +28,13 @@
 //!   `GGML_RPC=ON GGML_RPC_RDMA=OFF` in a separate target dir.
 
 pub mod client;
+#[cfg(feature = "engine")]
+pub mod engine_link;
 pub mod error;
 pub mod hash;
 pub mod io;
+#[cfg(feature = "ggml")]
+pub mod pipeline;
 pub mod protocol;
 pub mod server;
 pub mod validate;

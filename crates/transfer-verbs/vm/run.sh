@@ -29,6 +29,9 @@
 # Console of the last run: $RXE_VM_CACHE/last-console.log
 # Exit status: the command's status inside the VM; 1 if the VM failed to
 # report one (boot failure, timeout).
+# pipefail: no pipeline below may stop reading early (head, grep -q, awk exit):
+# the writer then dies of SIGPIPE and the whole script exits 141 — which is
+# what CI hit once ldconfig -p outgrew the pipe buffer.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -63,12 +66,12 @@ missing=()
 for t in qemu-system-x86_64 busybox ip rdma ldd gzip bc python3 apt-get; do
 	command -v "$t" >/dev/null 2>&1 || missing+=("$t")
 done
-LIBIBVERBS=$(ldconfig -p 2>/dev/null | awk '/libibverbs\.so\.1 .*x86-64/ {print $NF; exit}')
+LIBIBVERBS=$(ldconfig -p 2>/dev/null | awk '/libibverbs\.so\.1 .*x86-64/ && !f {print $NF; f=1}')
 [ -n "$LIBIBVERBS" ] || missing+=("libibverbs1")
-RXE_PROVIDER=$(ls /usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav*.so 2>/dev/null | head -1 || true)
+RXE_PROVIDER=$(ls /usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav*.so 2>/dev/null | sed -n 1p || true)
 [ -n "$RXE_PROVIDER" ] && [ -f /etc/libibverbs.d/rxe.driver ] || missing+=("ibverbs-providers")
 [ ${#missing[@]} -eq 0 ] || die "missing on the host: ${missing[*]} (apt-get install qemu-system-x86 busybox-static libibverbs1 ibverbs-providers iproute2 bc cpio)"
-busybox --list | grep -qx sh || die "busybox has no sh applet (install busybox-static)"
+busybox --list | grep -x sh >/dev/null || die "busybox has no sh applet (install busybox-static)"
 
 # ------------------------------------------------------------------ test binaries
 if [ $BUILD = 1 ]; then
@@ -93,7 +96,7 @@ fi
 # ------------------------------------------------------------------ kernel (cached)
 mkdir -p "$CACHE"
 if [ -z "${KVER:-}" ]; then
-	KVER=$(apt-cache depends linux-image-amd64 2>/dev/null | sed -n 's/.*Depends: linux-image-\(.*\)$/\1/p' | head -1)
+	KVER=$(apt-cache depends linux-image-amd64 2>/dev/null | sed -n 's/.*Depends: linux-image-\(.*\)$/\1/p' | sed -n 1p)
 	[ -n "$KVER" ] || KVER=$(ls -d "$CACHE"/kernel-* 2>/dev/null | sed 's/.*kernel-//' | sort -V | tail -1)
 	[ -n "$KVER" ] || die "cannot tell the kernel version (apt-get update, or set KVER)"
 fi
@@ -156,7 +159,7 @@ printf 'root:x:0:\n' > "$R/etc/group"
 for m in crypto/crc32_generic net/ipv4/udp_tunnel net/ipv6/ip6_udp_tunnel \
 	drivers/infiniband/core/ib_core drivers/infiniband/core/ib_uverbs \
 	drivers/infiniband/sw/rxe/rdma_rxe drivers/net/dummy; do
-	f=$(ls "$MODSRC/$m".ko* 2>/dev/null | head -1) || true
+	f=$(ls "$MODSRC/$m".ko* 2>/dev/null | sed -n 1p) || true
 	[ -n "$f" ] || die "module $m not in linux-image-$KVER"
 	b=$(basename "$m")
 	case $f in
