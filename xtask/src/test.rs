@@ -4,7 +4,12 @@ use crate::{deps, step};
 
 /// Features every workspace build of the tests enables. Not `--all-features`:
 /// optional native builds (transfer-rpc's ggml) run as their own step.
-const WORKSPACE_FEATURES: &str = "transfer-core/test-domain,transfer-core/conformance";
+const WORKSPACE_FEATURES: &str =
+    "transfer-core/test-domain,transfer-core/conformance,transfer-rpc/engine";
+
+/// transfer-rpc's features in the ggml step: compute, the tests against
+/// upstream, the pipeline coordinator and its engine arm.
+const RPC_FEATURES: &str = "upstream-rpc,engine";
 
 pub fn run(args: &[String]) -> Result<(), String> {
     let (mut ggml, mut vm) = (true, true);
@@ -63,13 +68,35 @@ fn rpc_against_llama_cpp() -> Result<(), String> {
     let target = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into());
     let dir = std::path::Path::new(&target).join("rpc-upstream");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut cmd = std::process::Command::new(cargo);
-    cmd.args(["test", "-p", "transfer-rpc", "--features", "upstream-rpc"])
-        .env("GGML_RPC", "ON")
-        .env("GGML_RPC_RDMA", "OFF")
-        .env("GGML_NO_BACKTRACE", "1")
-        .env("CARGO_TARGET_DIR", dir);
-    step::run("transfer-rpc against ggml and llama.cpp", &mut cmd)
+    let rpc_cargo = |args: &[&str]| {
+        let mut cmd = std::process::Command::new(&cargo);
+        cmd.args(args)
+            .env("GGML_RPC", "ON")
+            .env("GGML_RPC_RDMA", "OFF")
+            .env("GGML_NO_BACKTRACE", "1")
+            .env("CARGO_TARGET_DIR", &dir);
+        cmd
+    };
+    // The ggml-only code (compute backend, pipeline coordinator) is linted
+    // here: the workspace clippy step does not build ggml.
+    step::run(
+        "clippy, transfer-rpc with ggml",
+        &mut rpc_cargo(&[
+            "clippy",
+            "-p",
+            "transfer-rpc",
+            "--all-targets",
+            "--features",
+            RPC_FEATURES,
+            "--",
+            "-D",
+            "warnings",
+        ]),
+    )?;
+    step::run(
+        "transfer-rpc against ggml and llama.cpp",
+        &mut rpc_cargo(&["test", "-p", "transfer-rpc", "--features", RPC_FEATURES]),
+    )
 }
 
 /// The verbs conformance suite, unchanged, on a real soft-RoCE stack: a
