@@ -5,10 +5,10 @@
 //! Command plans are pure functions (unit-tested); execution is separate.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::process::Command;
 
-use crate::{deps, step};
+use crate::netns::{Children, Lab, cleanup_namespaces, host_ip, ns, run_cmd};
+use crate::{deps, netns as lab, step};
 
 /// Options of `cargo xtask bench`.
 #[derive(Debug, Default, PartialEq)]
@@ -84,69 +84,19 @@ pub fn parse(args: &[String]) -> Result<BenchArgs, String> {
     Ok(out)
 }
 
-/// Prefix of every namespace this tool creates (and is allowed to delete).
-pub const NS_PREFIX: &str = "xtb";
 /// Side-channel port of the servers.
 pub const PORT: u16 = 7470;
-
-/// The address of namespace host `i`.
-pub fn host_ip(i: usize) -> String {
-    format!("10.77.0.{}", i + 1)
-}
-
-fn ns(i: usize) -> String {
-    format!("{NS_PREFIX}-h{i}")
-}
-
-fn switch_ns() -> String {
-    format!("{NS_PREFIX}-sw")
-}
 
 /// Commands that build `n` namespace hosts joined by a bridge in a switch
 /// namespace, links shaped with tc.
 pub fn netns_setup(n: usize, rate: Option<&str>, delay: Option<&str>) -> Vec<Vec<String>> {
-    let mut cmds: Vec<Vec<String>> = Vec::new();
-    let mut c = |s: String| cmds.push(s.split_whitespace().map(String::from).collect());
-    let sw = switch_ns();
-    c(format!("ip netns add {sw}"));
-    c(format!("ip -n {sw} link set lo up"));
-    c(format!("ip -n {sw} link add br0 type bridge"));
-    c(format!("ip -n {sw} link set br0 up"));
+    let mut cmds = lab::switch();
     for i in 0..n {
         let h = ns(i);
-        c(format!("ip netns add {h}"));
-        c(format!("ip -n {h} link set lo up"));
-        c(format!(
-            "ip link add eth{i} netns {h} type veth peer name port{i} netns {sw}"
-        ));
-        c(format!("ip -n {h} addr add {}/24 dev eth{i}", host_ip(i)));
-        c(format!("ip -n {h} link set eth{i} up"));
-        c(format!("ip -n {sw} link set port{i} master br0"));
-        c(format!("ip -n {sw} link set port{i} up"));
-        match (rate, delay) {
-            (Some(r), None) => c(format!(
-                "ip netns exec {h} tc qdisc add dev eth{i} root tbf rate {r} burst 256kbit latency 100ms"
-            )),
-            (r, Some(d)) => {
-                let rate = r.map(|r| format!(" rate {r}")).unwrap_or_default();
-                c(format!(
-                    "ip netns exec {h} tc qdisc add dev eth{i} root netem delay {d}{rate}"
-                ))
-            }
-            (None, None) => {}
-        }
+        cmds.extend(lab::host_link(i));
+        cmds.extend(lab::shape(&h, &format!("eth{i}"), rate, delay));
     }
     cmds
-}
-
-/// Commands that remove every namespace of this tool (also stale ones).
-pub fn netns_cleanup(existing: &str) -> Vec<Vec<String>> {
-    existing
-        .lines()
-        .filter_map(|l| l.split_whitespace().next())
-        .filter(|name| name.starts_with(&format!("{NS_PREFIX}-")))
-        .map(|name| vec!["ip".into(), "netns".into(), "del".into(), name.to_string()])
-        .collect()
 }
 
 /// The server command of namespace host `i` and the driver command on host 0.
@@ -245,63 +195,6 @@ pub fn hosts_plan(bin: &str, hosts: &[String], mode: &str, extra: &[String]) -> 
     plan
 }
 
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_sigint(_: i32) {
-    INTERRUPTED.store(true, Ordering::SeqCst);
-}
-
-unsafe extern "C" {
-    fn signal(sig: i32, handler: extern "C" fn(i32)) -> usize;
-}
-
-fn run_cmd(cmd: &[String]) -> Result<(), String> {
-    let (prog, args) = cmd.split_first().ok_or("empty command")?;
-    let out = Command::new(prog)
-        .args(args)
-        .output()
-        .map_err(|e| format!("{}: {e}", cmd.join(" ")))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "`{}` failed: {}",
-            cmd.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
-/// Deletes the lab's namespaces when dropped (success, error or Ctrl-C).
-struct Lab;
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        cleanup_namespaces();
-    }
-}
-
-fn cleanup_namespaces() {
-    if let Ok(out) = Command::new("ip").args(["netns", "list"]).output() {
-        for cmd in netns_cleanup(&String::from_utf8_lossy(&out.stdout)) {
-            let _ = run_cmd(&cmd);
-        }
-    }
-}
-
-struct Children(Vec<Child>);
-
-impl Drop for Children {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            if let Ok(None) = c.try_wait() {
-                let _ = c.kill();
-            }
-            let _ = c.wait();
-        }
-    }
-}
-
 fn release_binary() -> Result<PathBuf, String> {
     step::cargo(
         "build transfer-bench",
@@ -313,8 +206,7 @@ fn release_binary() -> Result<PathBuf, String> {
 }
 
 fn netns(a: &BenchArgs, n: usize) -> Result<(), String> {
-    // SAFETY: installs a handler that only stores to an atomic.
-    unsafe { signal(2, on_sigint) };
+    lab::catch_ctrl_c();
     let bin = release_binary()?;
     let bin = bin.to_string_lossy().into_owned();
     cleanup_namespaces();
@@ -339,7 +231,7 @@ fn netns(a: &BenchArgs, n: usize) -> Result<(), String> {
         extra.drain(0..2);
     }
     let (servers, driver) = netns_roles(&bin, n, &a.mode, "target/bench/netns", &extra);
-    let mut children = Children(Vec::new());
+    let mut children = Children::default();
     for s in &servers {
         let (prog, args) = s.split_first().ok_or("empty command")?;
         children.0.push(
@@ -357,7 +249,7 @@ fn netns(a: &BenchArgs, n: usize) -> Result<(), String> {
     );
     drop(children);
     drop(lab);
-    if INTERRUPTED.load(Ordering::SeqCst) {
+    if lab::interrupted() {
         return Err("interrupted; namespaces removed".into());
     }
     result
@@ -461,14 +353,6 @@ mod tests {
             delayed
                 .iter()
                 .any(|c| c.join(" ").ends_with("netem delay 1ms rate 1gbit"))
-        );
-        let cleanup = netns_cleanup("xtb-h0 (id: 3)\nother\nxtb-sw\nxtbfoo\n");
-        assert_eq!(
-            cleanup,
-            vec![
-                s(&["ip", "netns", "del", "xtb-h0"]),
-                s(&["ip", "netns", "del", "xtb-sw"])
-            ]
         );
     }
 

@@ -4,7 +4,9 @@
 //! any system package is installed.
 
 mod bench;
+mod bench_rpc;
 mod deps;
+mod netns;
 mod step;
 mod test;
 
@@ -25,6 +27,11 @@ commands:
     --netns N [--link-rate 1gbit] [--link-delay 1ms]
                       N network-namespace hosts on this machine (root)
     --hosts h1,h2,... real hosts over ssh; h1 drives, the others serve
+  bench rpc [--stages 4] [--arms hub,direct,engine] [--repeats 3] [--rate 200mbit]
+            [--delay 2ms] [--groups 1,3] [--streams 4] [--tokens 32] [--quick]
+            [--model-size small|medium] [--prompt-len 8] [--threads 1] [--bin-dir D]
+                      the transfer-rpc pipeline over P namespace servers, the
+                      coordinator's link shaped (root; --delay needs sch_netem)
   verbs-vm            only the transfer-verbs suite in the soft-RoCE VM
   deps                install (or print how to install) the system packages
 ";
@@ -33,7 +40,10 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("test") => test::run(&args[1..]),
+        Some("bench") if args.get(1).is_some_and(|a| a == "rpc") => bench_rpc::run(&args[2..]),
         Some("bench") => bench::run(&args[1..]),
+        // Internal: the bulk transfer `bench rpc` runs between namespace hosts.
+        Some("link-probe") => bench_rpc::link_probe::run(&args[1..]),
         Some("deps") => deps::ensure(&deps::RUNTIME),
         Some("verbs-vm") => test::verbs_vm(),
         Some("help" | "--help" | "-h") | None => {
