@@ -39,6 +39,11 @@ pub struct EngineFlags {
     pub engine: bool,
     /// `--engine-iface IFACE` exists.
     pub iface: bool,
+    /// `--engine-domain NAME` exists (the libfabric domain; on tcp the
+    /// interface).
+    pub domain: bool,
+    /// `--engine-node ADDR` exists (the address the endpoints bind to).
+    pub node: bool,
 }
 
 impl EngineFlags {
@@ -51,6 +56,8 @@ impl EngineFlags {
         EngineFlags {
             engine: has("--engine"),
             iface: has("--engine-iface"),
+            domain: has("--engine-domain"),
+            node: has("--engine-node"),
         }
     }
 }
@@ -73,8 +80,14 @@ pub fn server(bin: &str, s: usize, threads: usize, flags: EngineFlags) -> Vec<St
     if flags.engine {
         v.extend(["--engine".into(), "tcp".into()]);
     }
-    if flags.iface {
+    if flags.engine && flags.iface {
         v.extend(["--engine-iface".into(), format!("eth{s}")]);
+    }
+    if flags.engine && flags.domain {
+        v.extend(["--engine-domain".into(), format!("eth{s}")]);
+    }
+    if flags.engine && flags.node {
+        v.extend(["--engine-node".into(), host_ip(s)]);
     }
     v
 }
@@ -257,7 +270,9 @@ mod tests {
             both,
             EngineFlags {
                 engine: true,
-                iface: true
+                iface: true,
+                domain: false,
+                node: false
             }
         );
         let none = EngineFlags::from_help("  --engines-x\n  --peer-allow <PEER_ALLOW>\n");
@@ -265,8 +280,18 @@ mod tests {
             none,
             EngineFlags {
                 engine: false,
-                iface: false
+                iface: false,
+                domain: false,
+                node: false
             }
+        );
+        let node =
+            EngineFlags::from_help("--engine <P>\n--engine-node <ADDR>\n--engine-domain=<D>");
+        assert!(node.engine && node.node && node.domain && !node.iface);
+        assert_eq!(
+            server("/s", 3, 1, node).join(" "),
+            "ip netns exec xtb-h3 /s --host 10.77.0.4 --port 50052 --threads 1 \
+             --engine tcp --engine-domain eth3 --engine-node 10.77.0.4"
         );
         assert_eq!(
             server("/s", 2, 1, both).join(" "),

@@ -423,10 +423,7 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     let mismatches = report::token_mismatches(&outcome.samples);
     let setup = [
         ("links", link_report),
-        (
-            "engine_flags",
-            Json::Str(format!("engine={} iface={}", flags.engine, flags.iface)),
-        ),
+        ("engine_flags", Json::Str(format!("{flags:?}"))),
     ];
     let results = report::results_json(
         &a,
