@@ -47,6 +47,26 @@ struct Cli {
     /// Log every command.
     #[arg(short, long)]
     verbose: bool,
+    /// Start a TransferEngine on this libfabric provider (`tcp`, `shm`,
+    /// `efa`, or a raw libfabric name) and serve ENGINE_* (off by default;
+    /// needs the `engine` feature).
+    #[arg(long, value_name = "PROVIDER")]
+    engine: Option<String>,
+    /// Source address the engine's endpoints bind to (IP providers): the
+    /// address other servers reach this one by, e.g. when servers live in
+    /// different network namespaces.
+    #[arg(long, value_name = "ADDR", requires = "engine")]
+    engine_addr: Option<String>,
+    /// Only use this libfabric domain: on tcp the network interface (e.g.
+    /// `eth0`, `veth1`), on efa the device (e.g. `rdmap16s27`).
+    #[arg(long, value_name = "IFACE", requires = "engine")]
+    engine_iface: Option<String>,
+    /// NICs (libfabric domains) the engine uses; 0 = all the provider offers.
+    #[arg(long, default_value_t = 1, requires = "engine")]
+    engine_nics: usize,
+    /// How long an engine write may stay incomplete before it fails (ms).
+    #[arg(long, default_value_t = 5000, requires = "engine")]
+    engine_peer_timeout_ms: u64,
 }
 
 #[cfg(feature = "ggml")]
@@ -63,6 +83,31 @@ fn make_backend(_config: &ServerConfig) -> Arc<dyn ComputeBackend> {
     Arc::new(RefusingBackend)
 }
 
+#[cfg(feature = "engine")]
+fn attach_engine(cli: &Cli, config: &mut ServerConfig) -> Result<(), String> {
+    use transfer_rpc::engine_link::{EngineLink, EngineLinkConfig};
+    let Some(provider) = cli.engine.as_deref() else {
+        return Ok(());
+    };
+    let mut ec = EngineLinkConfig::new(provider);
+    ec.node = cli.engine_addr.clone();
+    ec.domain = cli.engine_iface.clone();
+    ec.nics = cli.engine_nics;
+    ec.peer_timeout = std::time::Duration::from_millis(cli.engine_peer_timeout_ms);
+    let link = EngineLink::open(ec).map_err(|e| format!("--engine {provider}: {e}"))?;
+    eprintln!("transfer-rpc-server: engine: {}", link.description());
+    config.engine = Some(link);
+    Ok(())
+}
+
+#[cfg(not(feature = "engine"))]
+fn attach_engine(cli: &Cli, _config: &mut ServerConfig) -> Result<(), String> {
+    match &cli.engine {
+        None => Ok(()),
+        Some(_) => Err("--engine needs a build with the `engine` feature".into()),
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let quota = cli.mem.saturating_mul(1 << 20);
@@ -73,13 +118,17 @@ fn main() -> ExitCode {
         max_buffer_size: quota,
         max_connections: cli.max_connections,
         threads: cli.threads,
-        cache_dir: cli.cache,
+        cache_dir: cli.cache.clone(),
         extensions: !cli.no_ext,
-        peer_allow: cli.peer_allow,
+        peer_allow: cli.peer_allow.clone(),
         verbose: cli.verbose,
         ..ServerConfig::default()
     };
     config.limits.max_message_size = cli.max_message_mib.saturating_mul(1 << 20);
+    if let Err(e) = attach_engine(&cli, &mut config) {
+        eprintln!("transfer-rpc-server: {e}");
+        return ExitCode::FAILURE;
+    }
     let backend = make_backend(&config);
     let compute = backend.name().to_owned();
     let server = match Server::bind(config, backend) {

@@ -1,5 +1,6 @@
 //! One client connection to a ggml-rpc server, with every command.
 
+use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 
@@ -7,8 +8,10 @@ use super::config::ClientConfig;
 use super::stats::Stats;
 use crate::error::{Result, RpcError};
 use crate::protocol::frame::{REQUEST_HEADER_SIZE, decode_response_header};
-use crate::protocol::hello::{FEATURE_COPY_TENSOR_TO, FEATURE_PEER_BARRIER, HelloRequest};
-use crate::protocol::response::expected_size;
+use crate::protocol::hello::{
+    FEATURE_COPY_TENSOR_TO, FEATURE_ENGINE, FEATURE_PEER_BARRIER, HelloRequest,
+};
+use crate::protocol::response::response_size;
 use crate::protocol::tensor::MAX_SRC;
 use crate::protocol::{
     Command, ExtInfo, GraphPayload, HelloResponse, Request, Response, RpcTensor,
@@ -23,6 +26,10 @@ pub struct Client {
     stats: Option<Stats>,
     server_version: HelloResponse,
     ext: Option<Option<ExtInfo>>,
+    /// Commands sent whose one-byte answer has not been read yet, in order.
+    posted: VecDeque<Command>,
+    /// Answers of posted commands read early (before an ordinary call).
+    answers: Vec<bool>,
 }
 
 fn open(endpoint: &str, config: &ClientConfig) -> Result<TcpStream> {
@@ -91,6 +98,8 @@ impl Client {
             stats,
             server_version: HelloResponse::ours(),
             ext: None,
+            posted: VecDeque::new(),
+            answers: Vec::new(),
         };
         let resp = c.call(&Request::Hello(HelloRequest::default()), 0)?;
         let Response::Hello(h) = resp else {
@@ -151,7 +160,7 @@ impl Client {
         self.stats.as_mut().map(Stats::take)
     }
 
-    fn send(&mut self, req: &Request<'_>) -> Result<u64> {
+    pub(super) fn send(&mut self, req: &Request<'_>) -> Result<u64> {
         let cmd = req.command();
         let written = if let Request::SetTensor {
             tensor,
@@ -197,7 +206,7 @@ impl Client {
             .read_exact(&mut head)
             .map_err(|e| RpcError::io(cmd.name(), e))?;
         let size = decode_response_header(&head, &self.config.limits)?;
-        if expected_size(cmd, expected_data) != Some(size) {
+        if !response_size(cmd, expected_data).is_some_and(|r| r.allows(size)) {
             return Err(RpcError::malformed(
                 cmd.name(),
                 format!("server declared a {size}-byte response"),
@@ -210,9 +219,44 @@ impl Client {
         Response::decode(cmd, &payload, expected_data)
     }
 
-    fn call(&mut self, req: &Request<'_>, expected_data: usize) -> Result<Response> {
+    pub(super) fn call(&mut self, req: &Request<'_>, expected_data: usize) -> Result<Response> {
+        // Answers arrive in order: those of posted commands come first.
+        self.drain_posted()?;
         self.send(req)?;
         self.recv(req.command(), expected_data)
+    }
+
+    /// Sends a command whose one-byte status answer is read later, by
+    /// [`Client::collect_posted`] or before the next ordinary call.
+    pub(super) fn post_status(&mut self, req: &Request<'_>) -> Result<()> {
+        self.send(req)?;
+        self.posted.push_back(req.command());
+        Ok(())
+    }
+
+    fn drain_posted(&mut self) -> Result<()> {
+        while let Some(cmd) = self.posted.front().copied() {
+            let ok = match self.recv(cmd, 0)? {
+                Response::Status(v) => v != 0,
+                _ => return Err(RpcError::malformed(cmd.name(), "unexpected response")),
+            };
+            self.posted.pop_front();
+            self.answers.push(ok);
+        }
+        Ok(())
+    }
+
+    /// Reads the answers of every posted command (ENGINE_WRITE, ENGINE_WAIT
+    /// sent with `post_*`), in the order they were sent, including those an
+    /// ordinary call already read on the way. `true` = that command answered 1.
+    pub fn collect_posted(&mut self) -> Result<Vec<bool>> {
+        self.drain_posted()?;
+        Ok(std::mem::take(&mut self.answers))
+    }
+
+    /// Posted commands whose answers have not been collected yet.
+    pub fn posted_len(&self) -> usize {
+        self.posted.len() + self.answers.len()
     }
 
     fn call_u64(&mut self, req: &Request<'_>) -> Result<u64> {
@@ -225,7 +269,7 @@ impl Client {
         }
     }
 
-    fn call_status(&mut self, req: &Request<'_>) -> Result<bool> {
+    pub(super) fn call_status(&mut self, req: &Request<'_>) -> Result<bool> {
         match self.call(req, 0)? {
             Response::Status(v) => Ok(v != 0),
             _ => Err(RpcError::malformed(
@@ -427,6 +471,22 @@ impl Client {
     pub fn supports_copy_to(&self) -> bool {
         self.probe_extensions()
             .is_some_and(|e| e.has(FEATURE_COPY_TENSOR_TO))
+    }
+
+    /// True when the server has an engine and serves ENGINE_* (asked at
+    /// connect time).
+    pub fn supports_engine(&self) -> bool {
+        self.probe_extensions()
+            .is_some_and(|e| e.has(FEATURE_ENGINE))
+    }
+
+    /// False when the server is known not to serve ENGINE_* (an unprobed
+    /// connection is given the benefit of the doubt).
+    pub(super) fn engine_allowed(&self) -> bool {
+        match self.ext {
+            None => true,
+            Some(e) => e.is_some_and(|e| e.has(FEATURE_ENGINE)),
+        }
     }
 
     /// True when the server serves PEER_BARRIER, i.e. can be the

@@ -2,10 +2,12 @@
 
 pub mod config;
 pub mod connection;
+pub mod engine;
 pub mod stage_copy;
 pub mod stats;
 
 pub use config::ClientConfig;
 pub use connection::Client;
+pub use engine::{EngineInfo, EngineWrite, InboundLane};
 pub use stage_copy::{CopyPath, copy_between};
 pub use stats::{CommandStats, Stats};

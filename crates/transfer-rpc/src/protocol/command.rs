@@ -57,11 +57,23 @@ pub enum Command {
     CopyTensorTo = EXT_BASE + 1,
     /// Extension: answers once every earlier command on the connection is done.
     PeerBarrier = EXT_BASE + 2,
+    /// Engine extension: the server's engine backend and address.
+    EngineInfo = EXT_BASE + 3,
+    /// Engine extension: register a buffer range as a write target, get a lane.
+    EngineOpenInbound = EXT_BASE + 4,
+    /// Engine extension: resolve a remote region (and lane) to write to.
+    EngineOpenOutbound = EXT_BASE + 5,
+    /// Engine extension: post a write-with-immediate of a local tensor range.
+    EngineWrite = EXT_BASE + 6,
+    /// Engine extension: wait until one write on a lane has arrived.
+    EngineWait = EXT_BASE + 7,
+    /// Engine extension: close an inbound lane or an outbound target.
+    EngineClose = EXT_BASE + 8,
 }
 
 impl Command {
     /// Every command, in byte order.
-    pub const ALL: [Command; 21] = [
+    pub const ALL: [Command; 27] = [
         Command::AllocBuffer,
         Command::GetAlignment,
         Command::GetMaxSize,
@@ -83,6 +95,12 @@ impl Command {
         Command::ExtQuery,
         Command::CopyTensorTo,
         Command::PeerBarrier,
+        Command::EngineInfo,
+        Command::EngineOpenInbound,
+        Command::EngineOpenOutbound,
+        Command::EngineWrite,
+        Command::EngineWait,
+        Command::EngineClose,
     ];
 
     /// The byte on the wire.
@@ -102,6 +120,11 @@ impl Command {
     /// True for the transfer-rpc extension commands.
     pub fn is_extension(self) -> bool {
         self.byte() >= EXT_BASE
+    }
+
+    /// True for the ENGINE_* commands (served only by a server with an engine).
+    pub fn is_engine(self) -> bool {
+        self.byte() >= Command::EngineInfo.byte()
     }
 
     /// Upper-case name as in upstream's enum (without the `RPC_CMD_` prefix).
@@ -128,6 +151,12 @@ impl Command {
             Command::ExtQuery => "EXT_QUERY",
             Command::CopyTensorTo => "COPY_TENSOR_TO",
             Command::PeerBarrier => "PEER_BARRIER",
+            Command::EngineInfo => "ENGINE_INFO",
+            Command::EngineOpenInbound => "ENGINE_OPEN_INBOUND",
+            Command::EngineOpenOutbound => "ENGINE_OPEN_OUTBOUND",
+            Command::EngineWrite => "ENGINE_WRITE",
+            Command::EngineWait => "ENGINE_WAIT",
+            Command::EngineClose => "ENGINE_CLOSE",
         }
     }
 
@@ -162,6 +191,9 @@ mod tests {
         assert_eq!(Command::MemsetTensor.byte(), 17);
         assert!(Command::from_byte(18).is_err());
         assert!(Command::from_byte(19).is_err());
-        assert!(Command::from_byte(0xC3).is_err());
+        assert_eq!(Command::from_byte(0xC3).ok(), Some(Command::EngineInfo));
+        assert_eq!(Command::from_byte(0xC8).ok(), Some(Command::EngineClose));
+        assert!(Command::from_byte(0xC9).is_err());
+        assert!(Command::EngineWait.is_engine() && !Command::PeerBarrier.is_engine());
     }
 }

@@ -112,6 +112,9 @@ pub const EXT_MINOR: u16 = 0;
 pub const FEATURE_COPY_TENSOR_TO: u64 = 1 << 0;
 /// Feature bit: PEER_BARRIER is served.
 pub const FEATURE_PEER_BARRIER: u64 = 1 << 1;
+/// Feature bit: the server has a TransferEngine and serves ENGINE_*
+/// (0xC3..=0xC8); set only when it was started with an engine.
+pub const FEATURE_ENGINE: u64 = 1 << 2;
 /// EXT_QUERY response size.
 pub const EXT_INFO_SIZE: usize = 16;
 
@@ -134,6 +137,15 @@ impl ExtInfo {
             minor: EXT_MINOR,
             features: FEATURE_COPY_TENSOR_TO | FEATURE_PEER_BARRIER,
         }
+    }
+
+    /// What a server with (`engine = true`) or without an engine answers.
+    pub fn ours_with_engine(engine: bool) -> Self {
+        let mut e = ExtInfo::ours();
+        if engine {
+            e.features |= FEATURE_ENGINE;
+        }
+        e
     }
 
     /// True when the feature bit is set and the major version is ours.

@@ -2,6 +2,7 @@
 //! codecs: no I/O, every size checked before allocation.
 
 pub mod command;
+pub mod engine;
 pub mod frame;
 pub mod graph;
 pub mod hello;
@@ -11,6 +12,7 @@ pub mod tensor;
 pub mod wire;
 
 pub use command::Command;
+pub use engine::{CloseKind, LaneId, OutboundId, lane_imm};
 pub use frame::{Limits, encode_request, encode_response, split_request};
 pub use graph::GraphPayload;
 pub use hello::{ExtInfo, HelloRequest, HelloResponse};

@@ -1,6 +1,10 @@
 //! Request payload codecs for every command.
 
 use super::command::Command;
+use super::engine::{
+    CloseKind, ENGINE_CLOSE_SIZE, ENGINE_WAIT_SIZE, ENGINE_WRITE_SIZE, LaneId, OutboundId,
+    put_bounded, read_bounded,
+};
 use super::graph::GraphPayload;
 use super::hello::{HELLO_REQUEST_SIZE, HelloRequest};
 use super::tensor::{MAX_SRC, RPC_TENSOR_SIZE, RpcTensor};
@@ -143,6 +147,61 @@ pub enum Request<'a> {
     },
     /// PEER_BARRIER (extension).
     PeerBarrier,
+    /// ENGINE_INFO (engine extension).
+    EngineInfo,
+    /// ENGINE_OPEN_INBOUND (engine extension), sent to the destination.
+    EngineOpenInbound {
+        /// Destination buffer handle.
+        buffer: u64,
+        /// Start of the range, in bytes from the buffer's start.
+        offset: u64,
+        /// Length of the range.
+        size: u64,
+        /// The sender's `EngineAddress` bytes.
+        sender: &'a [u8],
+    },
+    /// ENGINE_OPEN_OUTBOUND (engine extension), sent to the source.
+    EngineOpenOutbound {
+        /// The destination's `EngineAddress` bytes.
+        destination: &'a [u8],
+        /// The `RemoteRegion` bytes ENGINE_OPEN_INBOUND returned.
+        descriptor: &'a [u8],
+        /// The lane ENGINE_OPEN_INBOUND returned.
+        lane: LaneId,
+    },
+    /// ENGINE_WRITE (engine extension).
+    EngineWrite {
+        /// Outbound target.
+        outbound: OutboundId,
+        /// Source tensor on this server.
+        src: Box<RpcTensor>,
+        /// Offset into the source tensor.
+        src_offset: u64,
+        /// Bytes to write.
+        size: u64,
+        /// Offset into the inbound region.
+        dst_offset: u64,
+        /// Sequence number (low 16 bits go into the immediate).
+        seq: u32,
+    },
+    /// ENGINE_WAIT (engine extension).
+    EngineWait {
+        /// Inbound lane of this session.
+        lane: LaneId,
+        /// Sequence number of the write.
+        seq: u32,
+        /// How long to wait (the server caps it).
+        timeout_ms: u32,
+        /// Byte count of the write (decides how many shards carry the immediate).
+        size: u64,
+    },
+    /// ENGINE_CLOSE (engine extension).
+    EngineClose {
+        /// Inbound lane or outbound target.
+        kind: CloseKind,
+        /// The lane or outbound id.
+        id: u32,
+    },
 }
 
 fn device_only(call: &'static str, r: &mut Reader<'_>) -> Result<u32> {
@@ -188,6 +247,12 @@ impl<'a> Request<'a> {
             Request::ExtQuery => Command::ExtQuery,
             Request::CopyTensorTo { .. } => Command::CopyTensorTo,
             Request::PeerBarrier => Command::PeerBarrier,
+            Request::EngineInfo => Command::EngineInfo,
+            Request::EngineOpenInbound { .. } => Command::EngineOpenInbound,
+            Request::EngineOpenOutbound { .. } => Command::EngineOpenOutbound,
+            Request::EngineWrite { .. } => Command::EngineWrite,
+            Request::EngineWait { .. } => Command::EngineWait,
+            Request::EngineClose { .. } => Command::EngineClose,
         }
     }
 
@@ -337,6 +402,53 @@ impl<'a> Request<'a> {
                 expect_len(call, p, 0)?;
                 Request::PeerBarrier
             }
+            Command::EngineInfo => {
+                expect_len(call, p, 0)?;
+                Request::EngineInfo
+            }
+            Command::EngineOpenInbound => {
+                if p.len() < 28 {
+                    return Err(RpcError::malformed(call, "shorter than its header"));
+                }
+                Request::EngineOpenInbound {
+                    buffer: r.u64()?,
+                    offset: r.u64()?,
+                    size: r.u64()?,
+                    sender: read_bounded(&mut r, call, "sender address")?,
+                }
+            }
+            Command::EngineOpenOutbound => Request::EngineOpenOutbound {
+                destination: read_bounded(&mut r, call, "destination address")?,
+                descriptor: read_bounded(&mut r, call, "descriptor")?,
+                lane: LaneId(r.u32()?),
+            },
+            Command::EngineWrite => {
+                expect_len(call, p, ENGINE_WRITE_SIZE)?;
+                Request::EngineWrite {
+                    outbound: OutboundId(r.u32()?),
+                    src: tensor(&mut r)?,
+                    src_offset: r.u64()?,
+                    size: r.u64()?,
+                    dst_offset: r.u64()?,
+                    seq: r.u32()?,
+                }
+            }
+            Command::EngineWait => {
+                expect_len(call, p, ENGINE_WAIT_SIZE)?;
+                Request::EngineWait {
+                    lane: LaneId(r.u32()?),
+                    seq: r.u32()?,
+                    timeout_ms: r.u32()?,
+                    size: r.u64()?,
+                }
+            }
+            Command::EngineClose => {
+                expect_len(call, p, ENGINE_CLOSE_SIZE)?;
+                Request::EngineClose {
+                    kind: CloseKind::from_byte(call, r.u8()?)?,
+                    id: r.u32()?,
+                }
+            }
         };
         r.finish()?;
         Ok(req)
@@ -409,7 +521,61 @@ impl<'a> Request<'a> {
                 }
             }
             Request::Hello(h) => o.extend_from_slice(&h.conn_caps),
-            Request::DeviceCount | Request::ExtQuery | Request::PeerBarrier => {}
+            Request::DeviceCount
+            | Request::ExtQuery
+            | Request::PeerBarrier
+            | Request::EngineInfo => {}
+            Request::EngineOpenInbound {
+                buffer,
+                offset,
+                size,
+                sender,
+            } => {
+                o.put_u64(*buffer);
+                o.put_u64(*offset);
+                o.put_u64(*size);
+                put_bounded(&mut o, sender);
+            }
+            Request::EngineOpenOutbound {
+                destination,
+                descriptor,
+                lane,
+            } => {
+                put_bounded(&mut o, destination);
+                put_bounded(&mut o, descriptor);
+                o.put_u32(lane.0);
+            }
+            Request::EngineWrite {
+                outbound,
+                src,
+                src_offset,
+                size,
+                dst_offset,
+                seq,
+            } => {
+                o.reserve(ENGINE_WRITE_SIZE);
+                o.put_u32(outbound.0);
+                src.encode_into(&mut o);
+                o.put_u64(*src_offset);
+                o.put_u64(*size);
+                o.put_u64(*dst_offset);
+                o.put_u32(*seq);
+            }
+            Request::EngineWait {
+                lane,
+                seq,
+                timeout_ms,
+                size,
+            } => {
+                o.put_u32(lane.0);
+                o.put_u32(*seq);
+                o.put_u32(*timeout_ms);
+                o.put_u64(*size);
+            }
+            Request::EngineClose { kind, id } => {
+                o.put_u8(kind.byte());
+                o.put_u32(*id);
+            }
             Request::MemsetTensor {
                 tensor,
                 offset,

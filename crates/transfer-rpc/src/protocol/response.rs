@@ -1,6 +1,9 @@
 //! Response payload codecs.
 
 use super::command::Command;
+use super::engine::{
+    BACKEND_NONE, ENGINE_OUTBOUND_RESPONSE_SIZE, LaneId, MAX_ENGINE_BYTES, OutboundId, check_rest,
+};
 use super::hello::{ExtInfo, HelloResponse};
 use super::wire::{Reader, WireWrite, expect_len};
 use crate::error::{Result, RpcError};
@@ -34,13 +37,71 @@ pub enum Response {
     Ext(ExtInfo),
     /// GET_TENSOR: the bytes.
     Data(Vec<u8>),
+    /// ENGINE_INFO: backend tag ([`super::engine::BACKEND_NONE`] = no
+    /// engine) and the engine's address bytes.
+    EngineInfo {
+        /// Backend tag (`BACKEND_*`).
+        backend: u8,
+        /// `EngineAddress` bytes (empty without an engine).
+        address: Vec<u8>,
+    },
+    /// ENGINE_OPEN_INBOUND: 1 and the lane and descriptor, or 0.
+    EngineInbound {
+        /// 1 = opened.
+        ok: u8,
+        /// The lane (0 when refused).
+        lane: LaneId,
+        /// `RemoteRegion` bytes of the range (empty when refused).
+        descriptor: Vec<u8>,
+    },
+    /// ENGINE_OPEN_OUTBOUND: 1 and the outbound id, or 0.
+    EngineOutbound {
+        /// 1 = resolved, the pair can talk.
+        ok: u8,
+        /// The outbound id (0 when refused).
+        id: OutboundId,
+    },
+}
+
+/// How large the response to a command may be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResponseSize {
+    /// Exactly this many bytes.
+    Exact(usize),
+    /// Between the two bounds, inclusive (ENGINE_INFO, ENGINE_OPEN_INBOUND).
+    Between(usize, usize),
+}
+
+impl ResponseSize {
+    /// True when a declared size is allowed.
+    pub fn allows(self, size: usize) -> bool {
+        match self {
+            ResponseSize::Exact(n) => size == n,
+            ResponseSize::Between(lo, hi) => (lo..=hi).contains(&size),
+        }
+    }
+}
+
+/// The allowed payload sizes of the response to `cmd` (`expected_data` for
+/// GET_TENSOR); `None` for commands without a response.
+pub fn response_size(cmd: Command, expected_data: usize) -> Option<ResponseSize> {
+    match cmd {
+        Command::EngineInfo => Some(ResponseSize::Between(1, 1 + MAX_ENGINE_BYTES)),
+        Command::EngineOpenInbound => Some(ResponseSize::Between(5, 5 + MAX_ENGINE_BYTES)),
+        _ => expected_size(cmd, expected_data).map(ResponseSize::Exact),
+    }
 }
 
 /// The exact payload size of the response to `cmd` (`expected_data` for
-/// GET_TENSOR); `None` for commands without a response. A client checks a
-/// declared size against it before reading anything.
+/// GET_TENSOR); `None` for commands without a response. For the two
+/// variable-size engine responses it is the upper bound; a client checks a
+/// declared size against [`response_size`] before reading anything.
 pub fn expected_size(cmd: Command, expected_data: usize) -> Option<usize> {
     match cmd {
+        Command::EngineInfo => Some(1 + MAX_ENGINE_BYTES),
+        Command::EngineOpenInbound => Some(5 + MAX_ENGINE_BYTES),
+        Command::EngineOpenOutbound => Some(ENGINE_OUTBOUND_RESPONSE_SIZE),
+        Command::EngineWrite | Command::EngineWait | Command::EngineClose => Some(1),
         Command::AllocBuffer | Command::GetDeviceMemory | Command::ExtQuery => Some(16),
         Command::GetAlignment
         | Command::GetMaxSize
@@ -85,6 +146,23 @@ impl Response {
             Response::Hello(h) => o = h.encode(),
             Response::Ext(e) => o = e.encode(),
             Response::Data(d) => o.extend_from_slice(d),
+            Response::EngineInfo { backend, address } => {
+                o.put_u8(*backend);
+                o.extend_from_slice(address);
+            }
+            Response::EngineInbound {
+                ok,
+                lane,
+                descriptor,
+            } => {
+                o.put_u8(*ok);
+                o.put_u32(lane.0);
+                o.extend_from_slice(descriptor);
+            }
+            Response::EngineOutbound { ok, id } => {
+                o.put_u8(*ok);
+                o.put_u32(id.0);
+            }
         }
         o
     }
@@ -112,9 +190,45 @@ impl Response {
             Command::SetTensorHash
             | Command::CopyTensor
             | Command::CopyTensorTo
-            | Command::PeerBarrier => {
+            | Command::PeerBarrier
+            | Command::EngineWrite
+            | Command::EngineWait
+            | Command::EngineClose => {
                 expect_len(call, p, 1)?;
                 Response::Status(r.u8()?)
+            }
+            Command::EngineInfo => {
+                let backend = r.u8()?;
+                let address = r.rest();
+                check_rest(call, "address", address)?;
+                if backend == BACKEND_NONE && !address.is_empty() {
+                    return Err(RpcError::malformed(call, "an address without an engine"));
+                }
+                Response::EngineInfo {
+                    backend,
+                    address: address.to_vec(),
+                }
+            }
+            Command::EngineOpenInbound => {
+                let ok = r.u8()?;
+                let lane = LaneId(r.u32()?);
+                let descriptor = r.rest();
+                check_rest(call, "descriptor", descriptor)?;
+                if ok == 0 && !descriptor.is_empty() {
+                    return Err(RpcError::malformed(call, "a descriptor with ok = 0"));
+                }
+                Response::EngineInbound {
+                    ok,
+                    lane,
+                    descriptor: descriptor.to_vec(),
+                }
+            }
+            Command::EngineOpenOutbound => {
+                expect_len(call, p, ENGINE_OUTBOUND_RESPONSE_SIZE)?;
+                Response::EngineOutbound {
+                    ok: r.u8()?,
+                    id: OutboundId(r.u32()?),
+                }
             }
             Command::GetDeviceMemory => {
                 expect_len(call, p, 16)?;

@@ -1,7 +1,12 @@
 //! Server configuration.
 
 use std::path::PathBuf;
+#[cfg(feature = "engine")]
+use std::sync::Arc;
 use std::time::Duration;
+
+#[cfg(feature = "engine")]
+use crate::engine_link::EngineLink;
 
 use crate::protocol::Limits;
 use crate::validate::GraphLimits;
@@ -44,6 +49,11 @@ pub struct ServerConfig {
     pub idle_timeout: Option<Duration>,
     /// Log every command, not only refusals.
     pub verbose: bool,
+    /// The server's TransferEngine: serves ENGINE_* and advertises the
+    /// engine feature bit (only with `extensions`). `None`: ENGINE_* close
+    /// the connection like an unknown command.
+    #[cfg(feature = "engine")]
+    pub engine: Option<Arc<EngineLink>>,
 }
 
 impl Default for ServerConfig {
@@ -66,6 +76,8 @@ impl Default for ServerConfig {
             peer_io_timeout: Duration::from_secs(60),
             idle_timeout: None,
             verbose: false,
+            #[cfg(feature = "engine")]
+            engine: None,
         }
     }
 }

@@ -27,7 +27,8 @@ impl Session {
     /// Executes one request; `None` for commands without a response.
     pub(super) fn dispatch(&mut self, req: Request<'_>) -> Result<Option<Response>> {
         let reg = Arc::clone(&self.shared.registry);
-        let cfg = &self.shared.config;
+        let shared = Arc::clone(&self.shared);
+        let cfg = &shared.config;
         match (&req, self.hello_done) {
             (Request::Hello(_), false) => {
                 self.hello_done = true;
@@ -44,6 +45,7 @@ impl Session {
             }
             _ => {}
         }
+        self.settle_before(req.command());
         match req {
             Request::Hello(_) => Err(RpcError::refused("HELLO", "unreachable")),
             Request::AllocBuffer { device, size } => {
@@ -84,6 +86,10 @@ impl Session {
             },
             Request::FreeBuffer { remote_ptr } => {
                 reg.free(self.id, remote_ptr)?;
+                #[cfg(feature = "engine")]
+                if let Some(e) = self.engine.as_ref() {
+                    e.link().release(remote_ptr);
+                }
                 Ok(None)
             }
             Request::BufferClear { remote_ptr, value } => {
@@ -210,7 +216,15 @@ impl Session {
                 reg.fill("MEMSET_TENSOR", region.handle, at, size, value)?;
                 Ok(None)
             }
-            Request::ExtQuery => Session::respond(Response::Ext(ExtInfo::ours())),
+            Request::ExtQuery => {
+                Session::respond(Response::Ext(ExtInfo::ours_with_engine(self.has_engine())))
+            }
+            Request::EngineInfo
+            | Request::EngineOpenInbound { .. }
+            | Request::EngineOpenOutbound { .. }
+            | Request::EngineWrite { .. }
+            | Request::EngineWait { .. }
+            | Request::EngineClose { .. } => self.dispatch_engine(req),
             Request::PeerBarrier => Session::respond(Response::Status(1)),
             Request::CopyTensorTo {
                 src,
@@ -240,6 +254,24 @@ impl Session {
                 }
             }
         }
+    }
+
+    #[cfg(feature = "engine")]
+    fn dispatch_engine(&mut self, req: Request<'_>) -> Result<Option<Response>> {
+        let call = req.command().name();
+        let shared = Arc::clone(&self.shared);
+        match self.engine.as_mut().and_then(|e| e.handle(&shared, req)) {
+            Some(resp) => Session::respond(resp),
+            None => Err(RpcError::refused(call, "this server has no engine")),
+        }
+    }
+
+    #[cfg(not(feature = "engine"))]
+    fn dispatch_engine(&mut self, req: Request<'_>) -> Result<Option<Response>> {
+        Err(RpcError::refused(
+            req.command().name(),
+            "this server was built without the `engine` feature",
+        ))
     }
 
     fn run_graph(&self, graph: &crate::validate::ValidatedGraph) -> Result<()> {

@@ -81,6 +81,17 @@ pub struct Buffer {
 }
 
 impl Buffer {
+    /// Start and length of the buffer's host memory, to register it with a
+    /// NIC. The memory never moves or shrinks while this `Buffer` lives (it
+    /// is allocated once and never resized), so the pointer stays valid for
+    /// as long as the caller holds an `Arc` of it; writes through it race
+    /// with this registry's own accesses unless the caller orders them.
+    pub fn host_memory(&self) -> (*mut u8, usize) {
+        let mut mem = self.data.write().unwrap_or_else(PoisonError::into_inner);
+        let bytes = mem.as_mut_slice();
+        (bytes.as_mut_ptr(), bytes.len())
+    }
+
     /// Its region in the remote address space.
     pub fn region(&self) -> Region {
         Region {

@@ -1,0 +1,271 @@
+//! The server's engine, its address and the registration cache.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use transfer_core::{
+    BackendKind, LocalRegion, MemoryLocation, MemorySpan, Notify, RemoteTarget, TransferEngine,
+    TransferError,
+};
+use transfer_efa::{Config, Provider};
+
+use super::config::EngineLinkConfig;
+use super::lanes::LaneTable;
+use crate::error::{Result, RpcError};
+use crate::protocol::engine::{
+    BACKEND_LIBFABRIC, BACKEND_TEST, BACKEND_VERBS, IMM_SEQ_BITS, LaneId, PROBE_LANE, lane_imm,
+};
+use crate::server::BufferRegistry;
+use crate::server::registry::Buffer;
+
+/// A buffer registered with the engine. Holding the buffer's `Arc` keeps
+/// its memory allocated for as long as the NICs may touch it.
+struct Registered {
+    region: LocalRegion,
+    buffer: Arc<Buffer>,
+}
+
+/// Turns an engine error into this crate's error, naming the call.
+pub(crate) fn engine_error(call: &'static str, e: TransferError) -> RpcError {
+    RpcError::refused(call, e.to_string())
+}
+
+/// A server's TransferEngine, shared by its sessions.
+///
+/// Field order is drop order: the engine (its workers and NICs) goes
+/// first, then the registrations and the buffers they keep alive.
+pub struct EngineLink {
+    engine: TransferEngine,
+    address: Vec<u8>,
+    backend_tag: u8,
+    description: String,
+    config: EngineLinkConfig,
+    lanes: LaneTable,
+    /// Live registrations by buffer handle.
+    regions: Mutex<HashMap<u64, Registered>>,
+    /// Registrations whose buffer is gone but whose unregister was refused
+    /// (a write still posted): kept, memory included, and retried.
+    retired: Mutex<Vec<Registered>>,
+}
+
+impl std::fmt::Debug for EngineLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineLink")
+            .field("engine", &self.description)
+            .field("lanes", &self.lanes)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl EngineLink {
+    /// Opens the libfabric provider of `config` and starts an engine on it.
+    pub fn open(config: EngineLinkConfig) -> Result<Arc<EngineLink>> {
+        const CALL: &str = "EngineLink::open";
+        let provider = Provider::parse(&config.provider);
+        let mut fabric = Config::new(provider.clone()).with_peer_timeout(config.peer_timeout);
+        fabric.node = config.node.clone();
+        fabric.domain_name = config.domain.clone();
+        let mut domains = transfer_efa::open_domains(&fabric).map_err(|e| engine_error(CALL, e))?;
+        if config.nics > 0 {
+            domains.truncate(config.nics);
+        }
+        let names: Vec<String> = domains
+            .iter()
+            .map(|d| format!("{} {}", d.provider_name(), d.fabric_name()))
+            .collect();
+        let engine = TransferEngine::builder()
+            .group(domains)
+            .build()
+            .map_err(|e| engine_error(CALL, e))?;
+        let description = format!("libfabric {provider}: {}", names.join(", "));
+        EngineLink::with_engine(engine, description, config)
+    }
+
+    /// Wraps an already built engine (any backend).
+    pub fn with_engine(
+        engine: TransferEngine,
+        description: String,
+        config: EngineLinkConfig,
+    ) -> Result<Arc<EngineLink>> {
+        let address = engine
+            .address()
+            .to_bytes()
+            .map_err(|e| engine_error("EngineLink::with_engine", e))?;
+        let backend_tag = match engine.address().backend {
+            BackendKind::Libfabric => BACKEND_LIBFABRIC,
+            BackendKind::Verbs => BACKEND_VERBS,
+            BackendKind::Test => BACKEND_TEST,
+        };
+        Ok(Arc::new(EngineLink {
+            engine,
+            address,
+            backend_tag,
+            description,
+            config,
+            lanes: LaneTable::new(),
+            regions: Mutex::new(HashMap::new()),
+            retired: Mutex::new(Vec::new()),
+        }))
+    }
+
+    /// The engine.
+    pub fn engine(&self) -> &TransferEngine {
+        &self.engine
+    }
+
+    /// The engine's `EngineAddress` bytes (ENGINE_INFO).
+    pub fn address_bytes(&self) -> &[u8] {
+        &self.address
+    }
+
+    /// Backend tag for ENGINE_INFO.
+    pub fn backend_tag(&self) -> u8 {
+        self.backend_tag
+    }
+
+    /// Provider and NICs, for logs.
+    pub fn description(&self) -> &str {
+        &self.description
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EngineLinkConfig {
+        &self.config
+    }
+
+    /// The server-wide lane table.
+    pub fn lanes(&self) -> &LaneTable {
+        &self.lanes
+    }
+
+    /// Buffers currently registered.
+    pub fn registrations(&self) -> usize {
+        lock(&self.regions).len()
+    }
+
+    /// Registrations kept after their buffer was freed, because a write
+    /// was still posted when it was.
+    pub fn retired(&self) -> usize {
+        lock(&self.retired).len()
+    }
+
+    /// Allocates a lane for `session`. A reused id first has any leftover
+    /// immediates of its previous owner discarded.
+    pub fn alloc_lane(&self, session: u64) -> Option<LaneId> {
+        let new = self.lanes.alloc(session)?;
+        if new.reused {
+            for seq in 0..(1u32 << IMM_SEQ_BITS) {
+                self.engine.take_imm(lane_imm(new.lane, seq), u64::MAX);
+            }
+        }
+        Some(new.lane)
+    }
+
+    /// The registration of `buffer` (the whole buffer, registered once and
+    /// cached by handle).
+    pub fn region_for(&self, call: &'static str, buffer: &Arc<Buffer>) -> Result<LocalRegion> {
+        let mut regions = lock(&self.regions);
+        if let Some(r) = regions.get(&buffer.handle) {
+            if Arc::ptr_eq(&r.buffer, buffer) {
+                return Ok(r.region.clone());
+            }
+        }
+        let (ptr, len) = buffer.host_memory();
+        let span = MemorySpan {
+            ptr,
+            len,
+            location: MemoryLocation::Host,
+            dmabuf_fd: None,
+        };
+        // SAFETY: the memory belongs to `buffer`, which never moves or frees
+        // it while alive; the `Arc` stored next to the region keeps it alive
+        // until `unregister` succeeded (`release`, `retry_retired`) or the
+        // engine, dropped before the registrations, is gone.
+        let region =
+            unsafe { self.engine.register_raw(span, 0) }.map_err(|e| engine_error(call, e))?;
+        if let Some(old) = regions.insert(
+            buffer.handle,
+            Registered {
+                region: region.clone(),
+                buffer: Arc::clone(buffer),
+            },
+        ) {
+            drop(regions);
+            self.retire(old);
+        }
+        Ok(region)
+    }
+
+    /// Drops the registration of buffer `handle` (after the buffer was freed).
+    pub fn release(&self, handle: u64) {
+        let old = lock(&self.regions).remove(&handle);
+        if let Some(old) = old {
+            self.retire(old);
+        }
+        self.retry_retired();
+    }
+
+    /// Drops every registration whose buffer is no longer live in `registry`.
+    pub fn sweep(&self, registry: &BufferRegistry) {
+        let dead: Vec<Registered> = {
+            let mut regions = lock(&self.regions);
+            let handles: Vec<u64> = regions
+                .iter()
+                .filter(|(h, r)| {
+                    !registry
+                        .get(**h)
+                        .is_some_and(|live| Arc::ptr_eq(&live, &r.buffer))
+                })
+                .map(|(h, _)| *h)
+                .collect();
+            handles
+                .into_iter()
+                .filter_map(|h| regions.remove(&h))
+                .collect()
+        };
+        for r in dead {
+            self.retire(r);
+        }
+        self.retry_retired();
+    }
+
+    fn retire(&self, r: Registered) {
+        match self.engine.unregister(&r.region) {
+            Ok(()) | Err(TransferError::RegionUnregistered { .. }) => {}
+            Err(_) => lock(&self.retired).push(r),
+        }
+    }
+
+    /// Tries again to unregister retired regions; frees those that went.
+    pub fn retry_retired(&self) {
+        let mut retired = lock(&self.retired);
+        retired.retain(|r| {
+            !matches!(
+                self.engine.unregister(&r.region),
+                Ok(()) | Err(TransferError::RegionUnregistered { .. })
+            )
+        });
+    }
+
+    /// Checks that this engine can reach `target`: a zero-byte write with
+    /// the probe immediate (lane 0, never waited for), bounded by the peer
+    /// timeout. On failure the peer is forgotten, so that a later attempt
+    /// resolves it afresh.
+    pub fn probe(&self, target: &RemoteTarget) -> std::result::Result<(), String> {
+        let (notify, pending) = Notify::pending();
+        let imm = lane_imm(LaneId(PROBE_LANE), 0);
+        let result = self
+            .engine
+            .submit_barrier(std::slice::from_ref(target), imm, notify)
+            .and_then(|()| pending.wait_timeout(self.config.peer_timeout + Duration::from_secs(1)));
+        result.map_err(|e| {
+            let _ = self.engine.forget_peer(target.peer());
+            e.to_string()
+        })
+    }
+}

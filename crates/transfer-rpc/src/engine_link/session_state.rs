@@ -1,0 +1,459 @@
+//! One session's engine state and the ENGINE_* handlers.
+//!
+//! Every refusal is answered (ok = 0) with a logged reason and leaves the
+//! session open: the client falls back to another path. Only the session's
+//! own connection thread blocks, in ENGINE_WAIT (capped) and while settling
+//! its posted writes.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use transfer_core::{EngineAddress, Pending, RemoteRegion, RemoteTarget, WriteRequest, WriteShape};
+
+use super::link::EngineLink;
+use crate::protocol::engine::{
+    CloseKind, LaneId, MAX_ENGINE_BYTES, MAX_LANE, OutboundId, PROBE_LANE, lane_imm,
+};
+use crate::protocol::{Request, Response, RpcTensor};
+use crate::server::Shared;
+use crate::validate::check_tensor;
+
+struct Inbound {
+    sender: EngineAddress,
+    size: u64,
+}
+
+struct Outbound {
+    target: RemoteTarget,
+    lane: LaneId,
+}
+
+struct PostedWrite {
+    pending: Pending,
+    outbound: OutboundId,
+    seq: u32,
+}
+
+/// The engine state of one session.
+pub struct EngineSession {
+    link: Arc<EngineLink>,
+    session: u64,
+    inbound: HashMap<LaneId, Inbound>,
+    outbound: HashMap<OutboundId, Outbound>,
+    next_outbound: u32,
+    posted: VecDeque<PostedWrite>,
+    /// First failure of a posted write not yet reported to the client.
+    failure: Option<String>,
+}
+
+impl std::fmt::Debug for EngineSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineSession")
+            .field("session", &self.session)
+            .field("inbound", &self.inbound.len())
+            .field("outbound", &self.outbound.len())
+            .field("posted", &self.posted.len())
+            .finish()
+    }
+}
+
+fn inbound_refused() -> Response {
+    Response::EngineInbound {
+        ok: 0,
+        lane: LaneId(0),
+        descriptor: Vec::new(),
+    }
+}
+
+fn outbound_refused() -> Response {
+    Response::EngineOutbound {
+        ok: 0,
+        id: OutboundId(0),
+    }
+}
+
+/// The descriptor of `[offset, offset + size)` of a registered region: the
+/// engine adds write offsets to each NIC's base, so moving the base narrows
+/// what a sender's engine accepts to that range.
+fn narrowed(mut desc: RemoteRegion, offset: u64, size: u64) -> Option<RemoteRegion> {
+    for nic in &mut desc.nics {
+        nic.base = nic.base.checked_add(offset)?;
+    }
+    desc.len = size;
+    Some(desc)
+}
+
+impl EngineSession {
+    /// Engine state for session `session`.
+    pub fn new(link: Arc<EngineLink>, session: u64) -> Self {
+        EngineSession {
+            link,
+            session,
+            inbound: HashMap::new(),
+            outbound: HashMap::new(),
+            next_outbound: 1,
+            posted: VecDeque::new(),
+            failure: None,
+        }
+    }
+
+    /// The server's engine link.
+    pub fn link(&self) -> &Arc<EngineLink> {
+        &self.link
+    }
+
+    /// Writes posted and not yet known to be complete.
+    pub fn posted(&self) -> usize {
+        self.posted.len()
+    }
+
+    fn log(&self, shared: &Shared, msg: &str) {
+        shared.log(&format!("session {}: {msg}", self.session));
+    }
+
+    /// Serves one ENGINE_* request; `None` for any other request.
+    pub fn handle(&mut self, shared: &Shared, req: Request<'_>) -> Option<Response> {
+        Some(match req {
+            Request::EngineInfo => Response::EngineInfo {
+                backend: self.link.backend_tag(),
+                address: self.link.address_bytes().to_vec(),
+            },
+            Request::EngineOpenInbound {
+                buffer,
+                offset,
+                size,
+                sender,
+            } => match self.open_inbound(shared, buffer, offset, size, sender) {
+                Ok(r) => r,
+                Err(reason) => {
+                    self.log(shared, &format!("ENGINE_OPEN_INBOUND answered 0: {reason}"));
+                    inbound_refused()
+                }
+            },
+            Request::EngineOpenOutbound {
+                destination,
+                descriptor,
+                lane,
+            } => match self.open_outbound(destination, descriptor, lane) {
+                Ok(r) => r,
+                Err(reason) => {
+                    self.log(
+                        shared,
+                        &format!("ENGINE_OPEN_OUTBOUND answered 0: {reason}"),
+                    );
+                    outbound_refused()
+                }
+            },
+            Request::EngineWrite {
+                outbound,
+                src,
+                src_offset,
+                size,
+                dst_offset,
+                seq,
+            } => {
+                let r = self.write(shared, outbound, &src, src_offset, size, dst_offset, seq);
+                self.status("ENGINE_WRITE", shared, r)
+            }
+            Request::EngineWait {
+                lane,
+                seq,
+                timeout_ms,
+                size,
+            } => {
+                let r = self.wait(shared, lane, seq, timeout_ms, size);
+                self.status("ENGINE_WAIT", shared, r)
+            }
+            Request::EngineClose { kind, id } => {
+                let closed = match kind {
+                    CloseKind::Inbound => {
+                        self.inbound.remove(&LaneId(id)).is_some()
+                            && self.link.lanes().free(LaneId(id), self.session)
+                    }
+                    CloseKind::Outbound => self.outbound.remove(&OutboundId(id)).is_some(),
+                };
+                if !closed {
+                    self.log(shared, &format!("ENGINE_CLOSE of unknown {kind:?} {id}"));
+                }
+                Response::Status(u8::from(closed))
+            }
+            _ => return None,
+        })
+    }
+
+    fn status(&self, call: &str, shared: &Shared, r: std::result::Result<(), String>) -> Response {
+        match r {
+            Ok(()) => Response::Status(1),
+            Err(reason) => {
+                self.log(shared, &format!("{call} answered 0: {reason}"));
+                Response::Status(0)
+            }
+        }
+    }
+
+    fn open_inbound(
+        &mut self,
+        shared: &Shared,
+        handle: u64,
+        offset: u64,
+        size: u64,
+        sender: &[u8],
+    ) -> std::result::Result<Response, String> {
+        const CALL: &str = "ENGINE_OPEN_INBOUND";
+        if self.inbound.len() >= self.link.config().max_lanes_per_session {
+            return Err("this session holds the most lanes allowed".into());
+        }
+        let sender = EngineAddress::from_bytes(sender).map_err(|e| e.to_string())?;
+        let engine = self.link.engine();
+        if sender.backend != engine.address().backend {
+            return Err(format!(
+                "sender backend {} is not this engine's {}",
+                sender.backend,
+                engine.address().backend
+            ));
+        }
+        let registry = &shared.registry;
+        let buffer = registry
+            .get(handle)
+            .ok_or_else(|| format!("unknown buffer handle {handle:#x}"))?;
+        if size == 0 || offset.checked_add(size).is_none_or(|end| end > buffer.size) {
+            return Err(format!(
+                "range {offset}+{size} is not inside the buffer's {} bytes",
+                buffer.size
+            ));
+        }
+        let region = self
+            .link
+            .region_for(CALL, &buffer)
+            .map_err(|e| e.to_string())?;
+        if !registry
+            .get(handle)
+            .is_some_and(|live| Arc::ptr_eq(&live, &buffer))
+        {
+            // Freed by its owner while we registered it.
+            self.link.release(handle);
+            return Err("the buffer was freed".into());
+        }
+        let desc =
+            narrowed(region.remote().clone(), offset, size).ok_or("descriptor base overflows")?;
+        let descriptor = desc.to_bytes().map_err(|e| e.to_string())?;
+        if descriptor.len() > MAX_ENGINE_BYTES {
+            return Err(format!("descriptor of {} bytes", descriptor.len()));
+        }
+        let lane = self
+            .link
+            .alloc_lane(self.session)
+            .ok_or("every lane of this server is in use")?;
+        self.inbound.insert(lane, Inbound { sender, size });
+        Ok(Response::EngineInbound {
+            ok: 1,
+            lane,
+            descriptor,
+        })
+    }
+
+    fn open_outbound(
+        &mut self,
+        destination: &[u8],
+        descriptor: &[u8],
+        lane: LaneId,
+    ) -> std::result::Result<Response, String> {
+        if self.outbound.len() >= self.link.config().max_outbound_per_session {
+            return Err("this session holds the most outbound targets allowed".into());
+        }
+        if lane.0 == PROBE_LANE || lane.0 > MAX_LANE {
+            return Err(format!("lane {} is not 1..={MAX_LANE}", lane.0));
+        }
+        let addr = EngineAddress::from_bytes(destination).map_err(|e| e.to_string())?;
+        let region = RemoteRegion::from_bytes(descriptor).map_err(|e| e.to_string())?;
+        let engine = self.link.engine();
+        let peer = engine.peer(&addr).map_err(|e| e.to_string())?;
+        let target = engine.remote(&peer, region).map_err(|e| e.to_string())?;
+        self.link
+            .probe(&target)
+            .map_err(|e| format!("the destination cannot be reached: {e}"))?;
+        let mut id = self.next_outbound;
+        while id == 0 || self.outbound.contains_key(&OutboundId(id)) {
+            id = id.wrapping_add(1);
+        }
+        self.next_outbound = id.wrapping_add(1);
+        self.outbound
+            .insert(OutboundId(id), Outbound { target, lane });
+        Ok(Response::EngineOutbound {
+            ok: 1,
+            id: OutboundId(id),
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn write(
+        &mut self,
+        shared: &Shared,
+        outbound: OutboundId,
+        src: &RpcTensor,
+        src_offset: u64,
+        size: u64,
+        dst_offset: u64,
+        seq: u32,
+    ) -> std::result::Result<(), String> {
+        const CALL: &str = "ENGINE_WRITE";
+        self.reap(shared);
+        if let Some(f) = self.failure.take() {
+            return Err(format!("an earlier write failed: {f}"));
+        }
+        let o = self
+            .outbound
+            .get(&outbound)
+            .ok_or_else(|| format!("unknown outbound id {}", outbound.0))?;
+        let registry = &shared.registry;
+        let checked = check_tensor(CALL, src, registry.as_ref()).map_err(|e| e.to_string())?;
+        let (region, at) = checked
+            .range(CALL, src_offset, size)
+            .map_err(|e| e.to_string())?;
+        o.target
+            .region()
+            .check_range(CALL, dst_offset, size)
+            .map_err(|e| e.to_string())?;
+        let buffer = registry
+            .get(region.handle)
+            .ok_or("the source buffer was freed")?;
+        let local = self
+            .link
+            .region_for(CALL, &buffer)
+            .map_err(|e| e.to_string())?;
+        let target = o.target.clone();
+        let imm = lane_imm(o.lane, seq);
+        if self.posted.len() >= self.link.config().max_pending_writes {
+            self.settle_oldest(shared, self.link.config().settle_timeout);
+        }
+        let pending = self
+            .link
+            .engine()
+            .write(WriteRequest {
+                src: &local,
+                src_offset: at,
+                dst: &target,
+                dst_offset,
+                len: size,
+                imm: Some(imm),
+            })
+            .map_err(|e| e.to_string())?;
+        self.posted.push_back(PostedWrite {
+            pending,
+            outbound,
+            seq,
+        });
+        Ok(())
+    }
+
+    fn wait(
+        &mut self,
+        shared: &Shared,
+        lane: LaneId,
+        seq: u32,
+        timeout_ms: u32,
+        size: u64,
+    ) -> std::result::Result<(), String> {
+        self.reap(shared);
+        let inbound = self
+            .inbound
+            .get(&lane)
+            .ok_or_else(|| format!("lane {} is not open on this session", lane.0))?;
+        if size > inbound.size {
+            return Err(format!(
+                "a write of {size} bytes does not fit the lane's {} bytes",
+                inbound.size
+            ));
+        }
+        let engine = self.link.engine();
+        let expected = engine
+            .expected_imms(&inbound.sender, 0, 0, WriteShape::Single { len: size })
+            .map_err(|e| e.to_string())?;
+        let timeout = Duration::from_millis(u64::from(timeout_ms)).min(self.link.config().max_wait);
+        engine
+            .wait_imm(lane_imm(lane, seq), expected, timeout)
+            .map_err(|e| format!("lane {} seq {seq}: {e}", lane.0))?;
+        match self.failure.take() {
+            Some(f) => Err(format!("an earlier write of this session failed: {f}")),
+            None => Ok(()),
+        }
+    }
+
+    fn record(
+        &mut self,
+        shared: &Shared,
+        outbound: OutboundId,
+        seq: u32,
+        e: transfer_core::TransferError,
+    ) {
+        let msg = format!("write seq {seq} to outbound {}: {e}", outbound.0);
+        self.log(shared, &format!("posted {msg}"));
+        if let Some(o) = self.outbound.get(&outbound) {
+            // A dead peer stays dead in the engine until forgotten; a later
+            // ENGINE_OPEN_OUTBOUND then resolves it afresh.
+            let _ = self.link.engine().forget_peer(o.target.peer());
+        }
+        self.failure.get_or_insert(msg);
+    }
+
+    /// Collects the outcome of every posted write that has finished.
+    fn reap(&mut self, shared: &Shared) {
+        let mut still = VecDeque::with_capacity(self.posted.len());
+        while let Some(w) = self.posted.pop_front() {
+            if !w.pending.is_done() {
+                still.push_back(w);
+                continue;
+            }
+            let PostedWrite {
+                pending,
+                outbound,
+                seq,
+            } = w;
+            if let Err(e) = pending.wait_timeout(Duration::ZERO) {
+                self.record(shared, outbound, seq, e);
+            }
+        }
+        self.posted = still;
+    }
+
+    fn settle_oldest(&mut self, shared: &Shared, bound: Duration) {
+        if let Some(w) = self.posted.pop_front() {
+            let PostedWrite {
+                pending,
+                outbound,
+                seq,
+            } = w;
+            if let Err(e) = pending.wait_timeout(bound) {
+                self.record(shared, outbound, seq, e);
+            }
+        }
+    }
+
+    /// Waits (bounded by the configured settle timeout) until every posted
+    /// write of this session has completed; failures are kept for the next
+    /// ENGINE_WRITE / ENGINE_WAIT answer. Called before any command that
+    /// could overwrite or free a buffer a posted write reads from.
+    pub fn settle(&mut self, shared: &Shared) {
+        if self.posted.is_empty() {
+            return;
+        }
+        let deadline = Instant::now() + self.link.config().settle_timeout;
+        while !self.posted.is_empty() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            self.settle_oldest(shared, left);
+        }
+    }
+
+    /// Ends the session: settles posted writes, frees its lanes and
+    /// outbound targets.
+    pub fn close(&mut self, shared: &Shared) {
+        self.settle(shared);
+        self.link.lanes().free_all(self.session);
+        self.inbound.clear();
+        self.outbound.clear();
+        if let Some(f) = self.failure.take() {
+            self.log(shared, &format!("closing with an unreported failure: {f}"));
+        }
+    }
+}
