@@ -56,7 +56,7 @@ struct Cli {
     /// address other servers reach this one by, e.g. when servers live in
     /// different network namespaces.
     #[arg(long, value_name = "ADDR", requires = "engine")]
-    engine_addr: Option<String>,
+    engine_node: Option<String>,
     /// Only use this libfabric domain: on tcp the network interface (e.g.
     /// `eth0`, `veth1`), on efa the device (e.g. `rdmap16s27`).
     #[arg(long, value_name = "IFACE", requires = "engine")]
@@ -90,7 +90,7 @@ fn attach_engine(cli: &Cli, config: &mut ServerConfig) -> Result<(), String> {
         return Ok(());
     };
     let mut ec = EngineLinkConfig::new(provider);
-    ec.node = cli.engine_addr.clone();
+    ec.node = cli.engine_node.clone();
     ec.domain = cli.engine_iface.clone();
     ec.nics = cli.engine_nics;
     ec.peer_timeout = std::time::Duration::from_millis(cli.engine_peer_timeout_ms);
