@@ -158,6 +158,55 @@ fn every_request_layout() {
             ),
         ),
         (Request::PeerBarrier, frame(0xC2, &[])),
+        // The engine extension (more cases in tests/engine_protocol.rs).
+        (Request::EngineInfo, frame(0xC3, &[])),
+        (
+            Request::EngineOpenInbound {
+                buffer: 1,
+                offset: 2,
+                size: 3,
+                sender: b"s",
+            },
+            frame(0xC4, &cat(&[&le64(1), &le64(2), &le64(3), &le32(1), b"s"])),
+        ),
+        (
+            Request::EngineOpenOutbound {
+                destination: b"d",
+                descriptor: b"r",
+                lane: transfer_rpc::protocol::LaneId(5),
+            },
+            frame(0xC5, &cat(&[&le32(1), b"d", &le32(1), b"r", &le32(5)])),
+        ),
+        (
+            Request::EngineWrite {
+                outbound: transfer_rpc::protocol::OutboundId(1),
+                src: Box::new(t.clone()),
+                src_offset: 0,
+                size: 16,
+                dst_offset: 4,
+                seq: 9,
+            },
+            frame(
+                0xC6,
+                &cat(&[&le32(1), &tb, &le64(0), &le64(16), &le64(4), &le32(9)]),
+            ),
+        ),
+        (
+            Request::EngineWait {
+                lane: transfer_rpc::protocol::LaneId(5),
+                seq: 9,
+                timeout_ms: 100,
+                size: 16,
+            },
+            frame(0xC7, &cat(&[&le32(5), &le32(9), &le32(100), &le64(16)])),
+        ),
+        (
+            Request::EngineClose {
+                kind: transfer_rpc::protocol::CloseKind::Inbound,
+                id: 5,
+            },
+            frame(0xC8, &cat(&[&[0], &le32(5)])),
+        ),
     ];
     assert_eq!(cases.len(), Command::ALL.len());
     let sizes = [
