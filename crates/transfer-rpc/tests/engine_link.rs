@@ -470,6 +470,147 @@ fn dead_destination_fails_the_next_answer() {
     );
 }
 
+fn two_nic_link() -> Option<Arc<EngineLink>> {
+    use transfer_efa::{Config, Provider, open_loopback_domains};
+    let domains = match open_loopback_domains(&Config::loopback(Provider::Tcp), 2) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("skipped: cannot open two libfabric tcp domains: {e}");
+            return None;
+        }
+    };
+    let engine = transfer_core::TransferEngine::builder()
+        .group(domains)
+        .build()
+        .unwrap();
+    Some(
+        EngineLink::with_engine(engine, "tcp x2".into(), EngineLinkConfig::loopback("tcp"))
+            .unwrap(),
+    )
+}
+
+/// Two NICs per engine: a 1 MiB write is split in two shards, each with
+/// the immediate; ENGINE_WAIT waits for both (counted from the sender's
+/// address and the size) and leaves nothing behind.
+#[test]
+fn sharded_writes_are_counted_from_the_sender_address() {
+    let (Some(la), Some(lb)) = (two_nic_link(), two_nic_link()) else {
+        return;
+    };
+    let (sa, sb) = (server(&la), server(&lb));
+    let n = 1u32 << 18;
+    let bytes = u64::from(n) * 4;
+    let shards = lb
+        .engine()
+        .expected_imms(
+            la.engine().address(),
+            0,
+            0,
+            transfer_core::WriteShape::Single { len: bytes },
+        )
+        .unwrap();
+    assert_eq!(shards, 2, "a 1 MiB write over two NICs is two shards");
+    let (mut a, mut b) = (side(&sa, 2 << 20, n), side(&sb, 2 << 20, n));
+    let (inb, out) = open(&mut a, &mut b, bytes);
+    for seq in 0..5u32 {
+        let data = pattern(bytes as usize, 40 + seq);
+        a.c.set_tensor(&a.t, 0, &data).unwrap();
+        assert!(a.c.engine_write(&write(out, &a.t, bytes, seq)).unwrap());
+        assert!(b.c.engine_wait(inb.lane, seq, bytes, 5000).unwrap());
+        assert_eq!(b.c.get_tensor(&b.t, 0, bytes).unwrap(), data);
+        let imm = transfer_rpc::protocol::lane_imm(inb.lane, seq);
+        assert_eq!(
+            lb.engine().imm_value(imm),
+            0,
+            "a shard's immediate was left over"
+        );
+    }
+}
+
+/// A `transfer-rpc-server` process, killed on drop.
+struct ServerProcess {
+    child: std::process::Child,
+    endpoint: String,
+}
+
+impl ServerProcess {
+    fn start(args: &[&str]) -> ServerProcess {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_transfer-rpc-server"))
+            .args(["--port", "0"])
+            .args(args)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let mut lines = std::io::BufReader::new(stderr).lines();
+        let mut endpoint = None;
+        for line in lines.by_ref() {
+            let line = line.unwrap();
+            eprintln!("{line}");
+            if let Some(rest) = line.split("listening on ").nth(1) {
+                endpoint = rest.split(',').next().map(str::to_owned);
+                break;
+            }
+        }
+        // Keep draining its log so that it never blocks on a full pipe.
+        std::thread::spawn(move || lines.for_each(drop));
+        ServerProcess {
+            child,
+            endpoint: endpoint.expect("the server did not start"),
+        }
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The CLI: two server processes started with `--engine tcp --engine-node
+/// 127.0.0.1 --engine-iface lo` write a boundary between them.
+#[test]
+fn server_processes_started_with_engine_flags() {
+    if link().is_none() {
+        return;
+    }
+    let flags = [
+        "--engine",
+        "tcp",
+        "--engine-node",
+        "127.0.0.1",
+        "--engine-iface",
+        "lo",
+    ];
+    let (pa, pb) = (ServerProcess::start(&flags), ServerProcess::start(&flags));
+    let plain = ServerProcess::start(&[]);
+    let cfg = ClientConfig::default();
+    let mut ca = Client::connect(&pa.endpoint, cfg.clone()).unwrap();
+    let mut cb = Client::connect(&pb.endpoint, cfg.clone()).unwrap();
+    let cp = Client::connect(&plain.endpoint, cfg).unwrap();
+    assert!(ca.supports_engine() && cb.supports_engine() && !cp.supports_engine());
+    let (ha, basea) = alloc(&mut ca, 1 << 16);
+    let (hb, baseb) = alloc(&mut cb, 1 << 16);
+    let mut a = Side {
+        c: ca,
+        handle: ha,
+        t: f32_tensor(1, ha, basea, TENSOR_OFFSET, 1024),
+    };
+    let mut b = Side {
+        c: cb,
+        handle: hb,
+        t: f32_tensor(1, hb, baseb, TENSOR_OFFSET, 1024),
+    };
+    let (inb, out) = open(&mut a, &mut b, 4096);
+    let data = pattern(4096, 11);
+    a.c.set_tensor(&a.t, 0, &data).unwrap();
+    assert!(a.c.engine_write(&write(out, &a.t, 4096, 3)).unwrap());
+    assert!(b.c.engine_wait(inb.lane, 3, 4096, 5000).unwrap());
+    assert_eq!(b.c.get_tensor(&b.t, 0, 4096).unwrap(), data);
+}
+
 /// Median round trip of a 1 MiB boundary: ENGINE_WRITE + ENGINE_WAIT vs
 /// COPY_TENSOR_TO (+ PEER_BARRIER inside the source server).
 #[test]

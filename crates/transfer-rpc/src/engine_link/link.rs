@@ -74,10 +74,7 @@ impl EngineLink {
         if config.nics > 0 {
             domains.truncate(config.nics);
         }
-        let names: Vec<String> = domains
-            .iter()
-            .map(|d| format!("{} {}", d.provider_name(), d.fabric_name()))
-            .collect();
+        let names: Vec<String> = domains.iter().map(|d| d.fabric_name()).collect();
         let engine = TransferEngine::builder()
             .group(domains)
             .build()
