@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use transfer_rpc::RpcError;
-use transfer_rpc::client::{Client, ClientConfig, EngineWrite, InboundLane};
+use transfer_rpc::client::{Client, ClientConfig, EngineWrite, InboundLane, open_engine_boundary};
 use transfer_rpc::engine_link::{EngineLink, EngineLinkConfig};
 use transfer_rpc::protocol::engine::{CloseKind, LaneId, MAX_ENGINE_BYTES, OutboundId};
 use transfer_rpc::protocol::{Command, RpcTensor};
@@ -159,7 +159,16 @@ fn pipelined_steps_collect_once() {
     let (sa, sb) = (server(&la), server(&lb));
     let bytes = u64::from(N) * 4;
     let (mut a, mut b) = (side(&sa, 1 << 20, N), side(&sb, 1 << 20, N));
-    let (inb, out) = open(&mut a, &mut b, bytes);
+    let boundary = open_engine_boundary(&mut a.c, &mut b.c, b.handle, TENSOR_OFFSET, bytes)
+        .unwrap()
+        .expect("boundary refused");
+    let (inb, out) = (
+        InboundLane {
+            lane: boundary.lane,
+            descriptor: Vec::new(),
+        },
+        boundary.outbound,
+    );
     let steps = 30u32;
     for seq in 0..steps {
         let data = pattern(bytes as usize, 1000 + seq);
@@ -331,6 +340,21 @@ fn refusals_leave_the_session_alive() {
 fn server_without_engine_refuses() {
     let plain = start_default();
     let mut c = client(&plain);
+    if let Some(l) = link() {
+        let se = server(&l);
+        let mut e = client(&se);
+        let (h, _) = alloc(&mut e, 4096);
+        assert_eq!(
+            open_engine_boundary(&mut e, &mut c, h, 0, 64).unwrap(),
+            None,
+            "no boundary to a server without engine"
+        );
+        assert_eq!(
+            open_engine_boundary(&mut c, &mut e, h, 0, 64).unwrap(),
+            None
+        );
+        assert_eq!(l.lanes().live(), 0);
+    }
     assert!(c.supports_copy_to() && !c.supports_engine());
     // The client knows from EXT_QUERY and does not send.
     assert!(matches!(
@@ -525,6 +549,33 @@ fn sharded_writes_are_counted_from_the_sender_address() {
             "a shard's immediate was left over"
         );
     }
+}
+
+/// A source on `shm` and a destination on `tcp` cannot talk: the boundary
+/// answers `None` (fall back) and the half-open inbound lane is closed.
+#[test]
+fn unlike_providers_fall_back_and_close_the_lane() {
+    let Some(lb) = link() else {
+        return;
+    };
+    let la = match EngineLink::open(EngineLinkConfig::new("shm")) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("skipped: cannot open a libfabric shm engine: {e}");
+            return;
+        }
+    };
+    let (sa, sb) = (server(&la), server(&lb));
+    let (mut a, mut b) = (side(&sa, 1 << 16, 64), side(&sb, 1 << 16, 64));
+    let t = Instant::now();
+    assert_eq!(
+        open_engine_boundary(&mut a.c, &mut b.c, b.handle, 0, 256).unwrap(),
+        None
+    );
+    assert!(t.elapsed() < Duration::from_secs(10));
+    assert_eq!(lb.lanes().live(), 0, "the half-open lane was not closed");
+    assert_eq!(a.c.device_count().unwrap(), 1);
+    assert_eq!(b.c.device_count().unwrap(), 1);
 }
 
 /// A `transfer-rpc-server` process, killed on drop.

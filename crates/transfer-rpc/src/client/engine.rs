@@ -200,3 +200,51 @@ impl Client {
         })
     }
 }
+
+/// A stage boundary opened between two servers: the source writes with
+/// `outbound`, the destination waits on `lane`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineBoundary {
+    /// Inbound lane on the destination.
+    pub lane: LaneId,
+    /// Outbound target on the source.
+    pub outbound: OutboundId,
+    /// Bytes of the destination range.
+    pub size: u64,
+}
+
+/// Opens a boundary from the server of `src` into `size` bytes at
+/// `dst_offset` of buffer `dst_buffer` on the server of `dst`: ENGINE_INFO
+/// on both, ENGINE_OPEN_INBOUND on `dst`, ENGINE_OPEN_OUTBOUND on `src`.
+/// `Ok(None)` when either server has no engine or the pair cannot talk
+/// (use another path); a half-open lane is closed again.
+pub fn open_engine_boundary(
+    src: &mut Client,
+    dst: &mut Client,
+    dst_buffer: u64,
+    dst_offset: u64,
+    size: u64,
+) -> Result<Option<EngineBoundary>> {
+    if !src.supports_engine() || !dst.supports_engine() {
+        return Ok(None);
+    }
+    let (from, to) = (src.engine_info()?, dst.engine_info()?);
+    if !from.has_engine() || !to.has_engine() || from.backend != to.backend {
+        return Ok(None);
+    }
+    let Some(inbound) = dst.engine_open_inbound(dst_buffer, dst_offset, size, &from.address)?
+    else {
+        return Ok(None);
+    };
+    match src.engine_open_outbound(&to.address, &inbound.descriptor, inbound.lane)? {
+        Some(outbound) => Ok(Some(EngineBoundary {
+            lane: inbound.lane,
+            outbound,
+            size,
+        })),
+        None => {
+            dst.engine_close(CloseKind::Inbound, inbound.lane.0)?;
+            Ok(None)
+        }
+    }
+}

@@ -8,6 +8,6 @@ pub mod stats;
 
 pub use config::ClientConfig;
 pub use connection::Client;
-pub use engine::{EngineInfo, EngineWrite, InboundLane};
+pub use engine::{EngineBoundary, EngineInfo, EngineWrite, InboundLane, open_engine_boundary};
 pub use stage_copy::{CopyPath, copy_between};
 pub use stats::{CommandStats, Stats};
