@@ -18,12 +18,20 @@
 //! state exists and never sends an extension command there again. A direct
 //! copy is attempted only when both servers answered EXT_QUERY.
 //!
+//! With an engine (feature `engine`, `transfer-rpc-server --engine tcp`),
+//! 0xC3..=0xC8 (ENGINE_*) let a source server write a stage boundary
+//! straight into the destination's buffer with a write-with-immediate and
+//! answer at once; the destination waits for the immediate (see
+//! [`protocol::engine`] and `engine_link`).
+//!
 //! # Features
 //! - default: graph compute is refused ([`server::RefusingBackend`]); no
 //!   native code is built.
 //! - `ggml`: `server::GgmlCpuBackend` runs graphs on ggml's CPU backend
 //!   (vendored llama.cpp; needs cmake and libclang; ~8 min of build on 2
 //!   busy cores).
+//! - `engine`: the server owns a TransferEngine (libfabric backend, loaded
+//!   at run time) and serves ENGINE_* (`engine_link`).
 //! - `upstream-rpc`: tests against ggml's own RPC server; build with
 //!   `GGML_RPC=ON GGML_RPC_RDMA=OFF` in a separate target dir.
 
