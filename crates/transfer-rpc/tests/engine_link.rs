@@ -444,6 +444,33 @@ fn free_buffer_right_after_a_posted_write_waits() {
     assert!(b.c.get_tensor(&b.t, 0, bytes).unwrap() == data);
 }
 
+/// A session that ends with a write still posted: the server settles it
+/// before freeing the source buffer, and the data lands whole.
+#[test]
+fn session_end_settles_posted_writes() {
+    let (Some(la), Some(lb)) = (link(), link()) else {
+        return;
+    };
+    let (sa, sb) = (server(&la), server(&lb));
+    let big = 8u32 << 20;
+    let bytes = u64::from(big) * 4;
+    let (mut a, mut b) = (side(&sa, bytes + 4096, big), side(&sb, bytes + 4096, big));
+    let (inb, out) = open(&mut a, &mut b, bytes);
+    let data = pattern(bytes as usize, 21);
+    a.c.set_tensor(&a.t, 0, &data).unwrap();
+    a.c.post_engine_write(&write(out, &a.t, bytes, 1)).unwrap();
+    drop(a);
+    assert!(b.c.engine_wait(inb.lane, 1, bytes, 10_000).unwrap());
+    assert!(b.c.get_tensor(&b.t, 0, bytes).unwrap() == data);
+    let t = Instant::now();
+    while sa.shared().live_sessions() > 0 && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(sa.shared().registry.is_empty());
+    assert_eq!(la.registrations(), 0);
+    assert_eq!(la.retired(), 0);
+}
+
 #[test]
 fn dead_destination_fails_the_next_answer() {
     let (Some(la), Some(lb)) = (
@@ -663,13 +690,31 @@ fn server_processes_started_with_engine_flags() {
 }
 
 /// Median round trip of a 1 MiB boundary: ENGINE_WRITE + ENGINE_WAIT vs
-/// COPY_TENSOR_TO (+ PEER_BARRIER inside the source server).
+/// COPY_TENSOR_TO (+ PEER_BARRIER inside the source server), engines on
+/// libfabric tcp and shm.
 #[test]
 fn measure_one_mib_boundary() {
-    let (Some(la), Some(lb)) = (link(), link()) else {
-        return;
-    };
-    let (sa, sb) = (server(&la), server(&lb));
+    for provider in ["tcp", "shm"] {
+        let open_link = || {
+            let mut c = EngineLinkConfig::loopback(provider);
+            if provider == "shm" {
+                c.node = None;
+            }
+            EngineLink::open(c)
+        };
+        let (la, lb) = match (open_link(), open_link()) {
+            (Ok(a), Ok(b)) => (a, b),
+            (Err(e), _) | (_, Err(e)) => {
+                eprintln!("skipped {provider}: {e}");
+                continue;
+            }
+        };
+        measure_with(provider, &la, &lb);
+    }
+}
+
+fn measure_with(provider: &str, la: &Arc<EngineLink>, lb: &Arc<EngineLink>) {
+    let (sa, sb) = (server(la), server(lb));
     let n = 1u32 << 18; // 1 MiB of f32
     let bytes = u64::from(n) * 4;
     let (mut a, mut b) = (side(&sa, 2 << 20, n), side(&sb, 2 << 20, n));
@@ -697,8 +742,8 @@ fn measure_one_mib_boundary() {
     }
     let (e, c) = (median(engine), median(copy_to));
     eprintln!(
-        "1 MiB boundary, median of {rounds}: ENGINE_WRITE+ENGINE_WAIT {:?}, COPY_TENSOR_TO+PEER_BARRIER {:?}",
-        e, c
+        "1 MiB boundary ({provider}), median of {rounds}: ENGINE_WRITE+ENGINE_WAIT {e:?}, \
+         COPY_TENSOR_TO+PEER_BARRIER {c:?}"
     );
     assert_eq!(
         b.c.get_tensor(&b.t, 0, bytes).unwrap(),
