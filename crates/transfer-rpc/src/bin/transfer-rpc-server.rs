@@ -47,9 +47,19 @@ struct Cli {
     /// Log every command.
     #[arg(short, long)]
     verbose: bool,
+    /// The engine link (only in builds with the `engine` feature, so that
+    /// `--help` tells whether this binary can serve ENGINE_*).
+    #[cfg(feature = "engine")]
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+/// Engine flags.
+#[cfg(feature = "engine")]
+#[derive(Debug, clap::Args)]
+struct EngineArgs {
     /// Start a TransferEngine on this libfabric provider (`tcp`, `shm`,
-    /// `efa`, or a raw libfabric name) and serve ENGINE_* (off by default;
-    /// needs the `engine` feature).
+    /// `efa`, or a raw libfabric name) and serve ENGINE_* (off by default).
     #[arg(long, value_name = "PROVIDER")]
     engine: Option<String>,
     /// Source address the engine's endpoints bind to (IP providers): the
@@ -86,6 +96,7 @@ fn make_backend(_config: &ServerConfig) -> Arc<dyn ComputeBackend> {
 #[cfg(feature = "engine")]
 fn attach_engine(cli: &Cli, config: &mut ServerConfig) -> Result<(), String> {
     use transfer_rpc::engine_link::{EngineLink, EngineLinkConfig};
+    let cli = &cli.engine;
     let Some(provider) = cli.engine.as_deref() else {
         return Ok(());
     };
@@ -101,11 +112,8 @@ fn attach_engine(cli: &Cli, config: &mut ServerConfig) -> Result<(), String> {
 }
 
 #[cfg(not(feature = "engine"))]
-fn attach_engine(cli: &Cli, _config: &mut ServerConfig) -> Result<(), String> {
-    match &cli.engine {
-        None => Ok(()),
-        Some(_) => Err("--engine needs a build with the `engine` feature".into()),
-    }
+fn attach_engine(_cli: &Cli, _config: &mut ServerConfig) -> Result<(), String> {
+    Ok(())
 }
 
 fn main() -> ExitCode {
