@@ -81,6 +81,17 @@ pub enum RpcError {
         /// The command that failed.
         call: &'static str,
     },
+    /// A pipeline stage failed: names the stage and the server it runs on.
+    #[error("pipeline stage {stage} on {server}: {source}")]
+    Stage {
+        /// Stage index (0 = the stage holding the first layers).
+        stage: usize,
+        /// The server's endpoint.
+        server: String,
+        /// What failed.
+        #[source]
+        source: Box<RpcError>,
+    },
 }
 
 impl RpcError {

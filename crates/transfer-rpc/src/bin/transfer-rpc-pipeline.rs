@@ -1,6 +1,161 @@
-//! Pipeline coordinator CLI (being built).
+//! `transfer-rpc-pipeline`: writes synthetic llama GGUFs and runs a llama
+//! model layer-split over transfer-rpc servers (hub, direct or engine
+//! stage boundaries), printing per-step counters and a summary.
 
-fn main() {
-    eprintln!("transfer-rpc-pipeline: not built yet");
-    std::process::exit(2);
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use transfer_rpc::client::ClientConfig;
+use transfer_rpc::pipeline::placement::parse_tensor_split;
+use transfer_rpc::pipeline::{
+    Arm, LlamaModel, RunReport, RunSpec, SyntheticSpec, default_prompts, run_groups,
+};
+
+#[derive(Debug, Parser)]
+#[command(name = "transfer-rpc-pipeline", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Write a random-weight llama GGUF (F32).
+    MakeModel {
+        /// Output path.
+        #[arg(long)]
+        out: PathBuf,
+        /// Embedding width.
+        #[arg(long, default_value_t = 256)]
+        n_embd: u32,
+        /// Layers.
+        #[arg(long, default_value_t = 4)]
+        n_layer: u32,
+        /// Attention heads.
+        #[arg(long, default_value_t = 4)]
+        n_head: u32,
+        /// Key/value heads.
+        #[arg(long, default_value_t = 2)]
+        n_head_kv: u32,
+        /// Feed-forward width.
+        #[arg(long, default_value_t = 512)]
+        n_ff: u32,
+        /// Vocabulary size.
+        #[arg(long, default_value_t = 128)]
+        n_vocab: u32,
+        /// Seed of the weights.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+    /// Run greedy decoding over the servers.
+    Run {
+        /// The GGUF.
+        #[arg(long)]
+        model: PathBuf,
+        /// Servers, one per stage: HOST:PORT[,HOST:PORT...].
+        #[arg(long, value_delimiter = ',', required = true)]
+        servers: Vec<String>,
+        /// Layer split ratios, one per server (default: equal).
+        #[arg(long, default_value = "")]
+        tensor_split: String,
+        /// Stage boundary path: hub, direct or engine.
+        #[arg(long, default_value = "direct")]
+        arm: String,
+        /// Streams (tokens per step).
+        #[arg(long, default_value_t = 4)]
+        streams: u32,
+        /// Prompt tokens per stream.
+        #[arg(long, default_value_t = 8)]
+        prompt_len: u32,
+        /// Tokens to generate per stream.
+        #[arg(long, default_value_t = 32)]
+        tokens: u32,
+        /// Pipeline groups at once (a ring over the servers).
+        #[arg(long, default_value_t = 1)]
+        groups: usize,
+        /// Write one JSON object with the results here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Print only errors.
+        #[arg(long)]
+        quiet: bool,
+    },
+}
+
+fn run(cli: Cli) -> transfer_rpc::Result<()> {
+    match cli.cmd {
+        Cmd::MakeModel {
+            out,
+            n_embd,
+            n_layer,
+            n_head,
+            n_head_kv,
+            n_ff,
+            n_vocab,
+            seed,
+        } => {
+            let spec = SyntheticSpec {
+                n_embd,
+                n_layer,
+                n_head,
+                n_head_kv,
+                n_ff,
+                n_vocab,
+                seed,
+            };
+            spec.write(&out)?;
+            eprintln!("transfer-rpc-pipeline: wrote {} ({spec:?})", out.display());
+            Ok(())
+        }
+        Cmd::Run {
+            model,
+            servers,
+            tensor_split,
+            arm,
+            streams,
+            prompt_len,
+            tokens,
+            groups,
+            json,
+            quiet,
+        } => {
+            let arm = Arm::parse(&arm)?;
+            let ratios = parse_tensor_split(&tensor_split, servers.len())?;
+            let n_vocab = LlamaModel::open(&model)?.hparams.n_vocab;
+            let spec = RunSpec {
+                model,
+                endpoints: servers,
+                ratios,
+                arm,
+                streams,
+                prompts: default_prompts(streams, prompt_len, n_vocab),
+                tokens,
+                groups,
+                client: ClientConfig::default(),
+                keep_logits: false,
+            };
+            let result = run_groups(&spec)?;
+            let report = RunReport::new(arm, streams, tokens, &result)?;
+            if !quiet {
+                println!("{}", report.counters);
+                print!("{}", report.summary());
+            }
+            if let Some(path) = json {
+                std::fs::write(&path, report.to_json() + "\n")
+                    .map_err(|e| transfer_rpc::RpcError::io("--json", e))?;
+            }
+            Ok(())
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("transfer-rpc-pipeline: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }

@@ -1,0 +1,344 @@
+//! The pipeline of stages and its greedy decode loop.
+//!
+//! Every step feeds one token per stream (prompt tokens first, one step at
+//! a time, through the same graph). The embeddings are looked up on the
+//! coordinator from `token_embd` and sent to stage 0; positions, KV cells
+//! and the mask are sent to every stage; the logits come back from the
+//! last stage and the next token is their argmax.
+
+use std::time::Instant;
+
+use super::boundary::{Arm, Boundary, Fallback};
+use super::counters::CounterTable;
+use super::model::LlamaModel;
+use super::placement::split_layers;
+use super::stage::{Stage, stage_error};
+use super::stage_graph::StageShape;
+use crate::client::{ClientConfig, Stats};
+use crate::error::{Result, RpcError};
+
+/// F16 bit patterns of the mask values.
+const F16_ZERO: u16 = 0x0000;
+const F16_NEG_INF: u16 = 0xFC00;
+
+/// How to build a pipeline.
+#[derive(Debug, Clone)]
+pub struct PipelineConfig {
+    /// Servers, one per stage, in stage order.
+    pub endpoints: Vec<String>,
+    /// Tensor-split ratios (one per stage).
+    pub ratios: Vec<f64>,
+    /// Requested boundary path.
+    pub arm: Arm,
+    /// Independent streams (B): tokens per step.
+    pub streams: u32,
+    /// KV cells per stream (prompt length + generated tokens at least).
+    pub ctx: u32,
+    /// Client settings for every stage connection (stats are forced on).
+    pub client: ClientConfig,
+}
+
+/// A model layer-split over servers.
+#[derive(Debug)]
+pub struct Pipeline {
+    /// The stages, in order.
+    pub stages: Vec<Stage>,
+    /// The boundaries (`stages.len() - 1`).
+    pub boundaries: Vec<Boundary>,
+    /// Fallbacks chosen when the boundaries were negotiated.
+    pub fallbacks: Vec<Fallback>,
+    token_embd: Vec<f32>,
+    n_embd: usize,
+    n_vocab: usize,
+    streams: u32,
+    ctx: u32,
+}
+
+/// The result of a greedy decode.
+#[derive(Debug, Clone, Default)]
+pub struct DecodeOutput {
+    /// Generated tokens per stream.
+    pub tokens: Vec<Vec<i32>>,
+    /// Logits of every generating step per stream (when asked for).
+    pub logits: Vec<Vec<Vec<f32>>>,
+    /// Wall time of every generating step, seconds.
+    pub step_secs: Vec<f64>,
+    /// Wall time of all generating steps, seconds.
+    pub decode_secs: f64,
+    /// Counters of the steady generating steps (the one step that carries
+    /// GRAPH_COMPUTE instead of GRAPH_RECOMPUTE is left out).
+    pub counters: CounterTable,
+    /// Direct copies that fell back to the hub at run time.
+    pub runtime_fallbacks: u64,
+}
+
+/// Index of the largest value (the first one on ties, like llama.cpp's
+/// greedy sampler and the reference loop).
+pub fn argmax(v: &[f32]) -> i32 {
+    let mut best = (0usize, f32::NEG_INFINITY);
+    for (i, &x) in v.iter().enumerate() {
+        if x > best.1 {
+            best = (i, x);
+        }
+    }
+    best.0 as i32
+}
+
+/// Deterministic prompts: `streams` prompts of `len` tokens below `n_vocab`.
+pub fn default_prompts(streams: u32, len: u32, n_vocab: u32) -> Vec<Vec<i32>> {
+    (0..streams)
+        .map(|b| {
+            (0..len)
+                .map(|i| ((1 + 37 * b + 11 * i + (b * i) % 7) % n_vocab.max(1)) as i32)
+                .collect()
+        })
+        .collect()
+}
+
+impl Pipeline {
+    /// Connects every stage, uploads its weights and negotiates the
+    /// boundaries.
+    pub fn new(model: &mut LlamaModel, config: &PipelineConfig) -> Result<Pipeline> {
+        let hp = model.hparams;
+        if config.endpoints.len() != config.ratios.len() {
+            return Err(RpcError::refused(
+                "pipeline",
+                format!(
+                    "{} servers but {} tensor-split ratios",
+                    config.endpoints.len(),
+                    config.ratios.len()
+                ),
+            ));
+        }
+        if config.streams == 0 || config.ctx == 0 {
+            return Err(RpcError::refused(
+                "pipeline",
+                "streams and context must be positive",
+            ));
+        }
+        let kv_size = config
+            .streams
+            .checked_mul(config.ctx)
+            .filter(|&k| i32::try_from(k).is_ok())
+            .ok_or_else(|| RpcError::refused("pipeline", "streams × context overflows"))?;
+        let ranges = split_layers(hp.n_layer, &config.ratios)?;
+        let last = ranges.len() - 1;
+        let client = ClientConfig {
+            stats: true,
+            ..config.client.clone()
+        };
+        let mut stages = Vec::with_capacity(ranges.len());
+        for (i, (ep, layers)) in config.endpoints.iter().zip(ranges).enumerate() {
+            let shape = StageShape {
+                layers,
+                is_last: i == last,
+                n_tokens: config.streams,
+                kv_size,
+            };
+            stages.push(Stage::setup(i, ep, client.clone(), model, shape)?);
+        }
+        let mut boundaries = Vec::new();
+        let mut fallbacks = Vec::new();
+        for w in stages.windows(2) {
+            let (b, f) = Boundary::negotiate(config.arm, &w[0], &w[1])?;
+            boundaries.push(b);
+            fallbacks.extend(f);
+        }
+        let token_embd = model.read_token_embd()?;
+        let mut p = Pipeline {
+            stages,
+            boundaries,
+            fallbacks,
+            token_embd,
+            n_embd: hp.n_embd as usize,
+            n_vocab: hp.n_vocab as usize,
+            streams: config.streams,
+            ctx: config.ctx,
+        };
+        p.take_stats();
+        Ok(p)
+    }
+
+    /// The arm each boundary uses.
+    pub fn arms_used(&self) -> Vec<Arm> {
+        self.boundaries.iter().map(|b| b.path.arm()).collect()
+    }
+
+    /// Counters of every connection since the last call, merged.
+    pub fn take_stats(&mut self) -> Stats {
+        let mut all = Stats::default();
+        for s in &mut self.stages {
+            if let Some(st) = s.client.take_stats() {
+                all.merge(&st);
+            }
+        }
+        all
+    }
+
+    fn embeddings(&self, tokens: &[i32]) -> Result<Vec<u8>> {
+        let mut out = Vec::with_capacity(tokens.len() * self.n_embd * 4);
+        for &t in tokens {
+            let row = usize::try_from(t)
+                .ok()
+                .filter(|&r| r < self.n_vocab)
+                .ok_or_else(|| {
+                    RpcError::refused(
+                        "embedding lookup",
+                        format!("token {t} outside the vocabulary"),
+                    )
+                })?;
+            let v = self
+                .token_embd
+                .get(row * self.n_embd..(row + 1) * self.n_embd)
+                .ok_or_else(|| RpcError::malformed("embedding lookup", "table too short"))?;
+            out.extend(v.iter().flat_map(|x| x.to_le_bytes()));
+        }
+        Ok(out)
+    }
+
+    /// Step inputs shared by all stages at position `pos`: positions, KV
+    /// cells (stream b owns cells `b*ctx .. (b+1)*ctx`) and the mask (a token
+    /// of stream b sees its own stream's cells up to `pos`).
+    fn step_inputs(&self, pos: u32) -> (Vec<u8>, Vec<u8>, Vec<u8>) {
+        let b = self.streams as usize;
+        let ctx = self.ctx as usize;
+        let p = pos as usize;
+        let positions = (0..b).flat_map(|_| (pos as i32).to_le_bytes()).collect();
+        let cells = (0..b)
+            .flat_map(|s| ((s * ctx + p) as i64).to_le_bytes())
+            .collect();
+        let kv = b * ctx;
+        let mut mask = Vec::with_capacity(kv * b * 2);
+        for s in 0..b {
+            for j in 0..kv {
+                let visible = j / ctx == s && j % ctx <= p;
+                mask.extend_from_slice(
+                    &(if visible { F16_ZERO } else { F16_NEG_INF }).to_le_bytes(),
+                );
+            }
+        }
+        (positions, cells, mask)
+    }
+
+    /// One step: one token per stream at position `pos`; returns the logits
+    /// (`streams` rows of `n_vocab`).
+    pub fn step(&mut self, tokens: &[i32], pos: u32) -> Result<Vec<Vec<f32>>> {
+        if tokens.len() != self.streams as usize {
+            return Err(RpcError::refused("decode step", "one token per stream"));
+        }
+        if pos >= self.ctx {
+            return Err(RpcError::refused(
+                "decode step",
+                format!("position {pos} beyond the context {}", self.ctx),
+            ));
+        }
+        let embd = self.embeddings(tokens)?;
+        let (positions, cells, mask) = self.step_inputs(pos);
+        let n = self.stages.len();
+        for s in 0..n {
+            let stage = &mut self.stages[s];
+            if s == 0 {
+                stage.set_hidden(&embd)?;
+            }
+            stage.set_step_inputs(&positions, &cells, &mask)?;
+            if s > 0 {
+                let (before, after) = self.stages.split_at_mut(s);
+                self.boundaries[s - 1].before_dst_compute(&mut before[s - 1], &mut after[0])?;
+            }
+            self.stages[s].compute()?;
+            if s + 1 < n {
+                let (before, after) = self.stages.split_at_mut(s + 1);
+                self.boundaries[s].after_src_compute(&mut before[s], &mut after[0])?;
+            }
+        }
+        let last = &mut self.stages[n - 1];
+        let raw = last.read_output()?;
+        let want = self.n_vocab * self.streams as usize * 4;
+        if raw.len() != want {
+            return Err(stage_error(
+                last.index,
+                &last.endpoint,
+                RpcError::malformed(
+                    "read logits",
+                    format!("{} bytes, expected {want}", raw.len()),
+                ),
+            ));
+        }
+        let floats: Vec<f32> = raw
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        Ok(floats
+            .chunks_exact(self.n_vocab)
+            .map(<[f32]>::to_vec)
+            .collect())
+    }
+
+    /// Greedy decode: feeds the prompts (all of one length) and generates
+    /// `n_new` tokens per stream.
+    pub fn greedy(
+        &mut self,
+        prompts: &[Vec<i32>],
+        n_new: u32,
+        keep_logits: bool,
+    ) -> Result<DecodeOutput> {
+        let b = self.streams as usize;
+        let len = prompts.first().map_or(0, Vec::len);
+        if prompts.len() != b || len == 0 || prompts.iter().any(|p| p.len() != len) {
+            return Err(RpcError::refused(
+                "greedy decode",
+                "one non-empty prompt per stream, all of one length",
+            ));
+        }
+        if n_new == 0 || len as u64 + u64::from(n_new) - 1 > u64::from(self.ctx) {
+            return Err(RpcError::refused(
+                "greedy decode",
+                format!(
+                    "{len} prompt + {n_new} new tokens do not fit a context of {}",
+                    self.ctx
+                ),
+            ));
+        }
+        let mut out = DecodeOutput {
+            tokens: vec![Vec::new(); b],
+            logits: vec![Vec::new(); b],
+            ..DecodeOutput::default()
+        };
+        let before: u64 = self.boundaries.iter().map(|x| x.runtime_fallbacks).sum();
+        let total = len + n_new as usize - 1;
+        for i in 0..total {
+            let tokens: Vec<i32> = prompts
+                .iter()
+                .zip(&out.tokens)
+                .map(|(p, g)| if i < len { p[i] } else { g[i - len] })
+                .collect();
+            let t0 = Instant::now();
+            let logits = self.step(&tokens, i as u32)?;
+            let generating = i + 1 >= len;
+            if generating {
+                for (s, l) in logits.into_iter().enumerate() {
+                    out.tokens[s].push(argmax(&l));
+                    if keep_logits {
+                        out.logits[s].push(l);
+                    }
+                }
+                let dt = t0.elapsed().as_secs_f64();
+                out.step_secs.push(dt);
+                out.decode_secs += dt;
+            }
+            let st = self.take_stats();
+            if generating && (i > 0 || total == 1) {
+                // Step 0 carries GRAPH_COMPUTE; it counts only when it is
+                // the whole run.
+                out.counters.add_step(&st);
+            }
+        }
+        out.runtime_fallbacks = self
+            .boundaries
+            .iter()
+            .map(|x| x.runtime_fallbacks)
+            .sum::<u64>()
+            - before;
+        Ok(out)
+    }
+}

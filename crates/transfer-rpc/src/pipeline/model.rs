@@ -1,0 +1,242 @@
+//! A llama-architecture model: hyperparameters from the `llama.*` keys and
+//! the tensors each layer needs, with their shapes checked.
+
+use std::path::Path;
+
+use super::gguf::{GgufFile, MetaValue, TensorInfo};
+use crate::error::{Result, RpcError};
+use crate::validate::types::GGML_TYPE_F32;
+
+const CALL: &str = "llama model";
+
+/// Hyperparameters of a llama model.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LlamaHparams {
+    /// Embedding width.
+    pub n_embd: u32,
+    /// Number of layers.
+    pub n_layer: u32,
+    /// Attention heads.
+    pub n_head: u32,
+    /// Key/value heads.
+    pub n_head_kv: u32,
+    /// Feed-forward width.
+    pub n_ff: u32,
+    /// Vocabulary size.
+    pub n_vocab: u32,
+    /// Size of one head.
+    pub head_dim: u32,
+    /// Rotary dimensions (llama: the whole head).
+    pub n_rot: u32,
+    /// RMS norm epsilon.
+    pub rms_eps: f32,
+    /// RoPE base frequency.
+    pub rope_freq_base: f32,
+    /// Training context (RoPE's `n_ctx_orig`).
+    pub n_ctx_train: u32,
+}
+
+impl LlamaHparams {
+    /// Width of the K (and V) rows of one token: `head_dim * n_head_kv`.
+    pub fn n_embd_kv(&self) -> u32 {
+        self.head_dim * self.n_head_kv
+    }
+}
+
+/// Names of the per-layer weight tensors, in upload order.
+pub const LAYER_TENSORS: [&str; 9] = [
+    "attn_norm",
+    "attn_q",
+    "attn_k",
+    "attn_v",
+    "attn_output",
+    "ffn_norm",
+    "ffn_gate",
+    "ffn_up",
+    "ffn_down",
+];
+
+/// GGUF name of a layer tensor.
+pub fn layer_tensor_name(layer: u32, what: &str) -> String {
+    format!("blk.{layer}.{what}.weight")
+}
+
+/// A parsed llama GGUF.
+#[derive(Debug)]
+pub struct LlamaModel {
+    /// Hyperparameters.
+    pub hparams: LlamaHparams,
+    /// The file (tensor data is read from it on demand).
+    pub file: GgufFile,
+    /// Name of the output matrix (`output.weight`, or `token_embd.weight`
+    /// when the embeddings are tied).
+    pub output_name: String,
+}
+
+fn key_u32(f: &GgufFile, key: &str) -> Result<u32> {
+    f.get(key)
+        .and_then(MetaValue::as_u64)
+        .and_then(|v| u32::try_from(v).ok())
+        .ok_or_else(|| RpcError::malformed(CALL, format!("missing or bad key {key}")))
+}
+
+fn key_f32_or(f: &GgufFile, key: &str, default: f32) -> Result<f32> {
+    match f.get(key) {
+        None => Ok(default),
+        Some(v) => v
+            .as_f64()
+            .map(|x| x as f32)
+            .filter(|x| x.is_finite())
+            .ok_or_else(|| RpcError::malformed(CALL, format!("bad key {key}"))),
+    }
+}
+
+impl LlamaModel {
+    /// Opens a GGUF and checks it is a llama model this coordinator runs.
+    pub fn open(path: &Path) -> Result<LlamaModel> {
+        let file = GgufFile::open(path)?;
+        let arch = file
+            .get("general.architecture")
+            .and_then(MetaValue::as_str)
+            .unwrap_or("");
+        if arch != "llama" {
+            return Err(RpcError::refused(
+                CALL,
+                format!("architecture {arch:?} (only \"llama\" is supported)"),
+            ));
+        }
+        let n_embd = key_u32(&file, "llama.embedding_length")?;
+        let n_head = key_u32(&file, "llama.attention.head_count")?;
+        let n_head_kv = match file.get("llama.attention.head_count_kv") {
+            None => n_head,
+            Some(_) => key_u32(&file, "llama.attention.head_count_kv")?,
+        };
+        let n_vocab = match file.get("llama.vocab_size") {
+            Some(_) => key_u32(&file, "llama.vocab_size")?,
+            None => match file.get("tokenizer.ggml.tokens") {
+                Some(MetaValue::Array { len, .. }) => u32::try_from(*len)
+                    .map_err(|_| RpcError::malformed(CALL, "vocabulary too large"))?,
+                _ => return Err(RpcError::malformed(CALL, "no vocabulary size")),
+            },
+        };
+        if n_head == 0 || n_head_kv == 0 || n_embd % n_head != 0 || n_head % n_head_kv != 0 {
+            return Err(RpcError::malformed(
+                CALL,
+                "head counts do not divide the width",
+            ));
+        }
+        let head_dim = n_embd / n_head;
+        let n_rot = match file.get("llama.rope.dimension_count") {
+            None => head_dim,
+            Some(_) => key_u32(&file, "llama.rope.dimension_count")?,
+        };
+        if n_rot != head_dim {
+            return Err(RpcError::refused(CALL, "partial rotary dimensions"));
+        }
+        if file
+            .get("llama.expert_count")
+            .and_then(MetaValue::as_u64)
+            .unwrap_or(0)
+            > 0
+        {
+            return Err(RpcError::refused(CALL, "mixture-of-experts llama models"));
+        }
+        let hparams = LlamaHparams {
+            n_embd,
+            n_layer: key_u32(&file, "llama.block_count")?,
+            n_head,
+            n_head_kv,
+            n_ff: key_u32(&file, "llama.feed_forward_length")?,
+            n_vocab,
+            head_dim,
+            n_rot,
+            rms_eps: key_f32_or(&file, "llama.attention.layer_norm_rms_epsilon", 1e-5)?,
+            rope_freq_base: key_f32_or(&file, "llama.rope.freq_base", 10000.0)?,
+            n_ctx_train: key_u32(&file, "llama.context_length")?,
+        };
+        if hparams.n_layer == 0 || hparams.n_ff == 0 || n_vocab == 0 {
+            return Err(RpcError::malformed(
+                CALL,
+                "zero layers, ffn width or vocabulary",
+            ));
+        }
+        let output_name = if file.tensor("output.weight").is_some() {
+            "output.weight"
+        } else {
+            "token_embd.weight"
+        }
+        .to_owned();
+        let m = LlamaModel {
+            hparams,
+            file,
+            output_name,
+        };
+        m.check_shapes()?;
+        Ok(m)
+    }
+
+    /// The info of a tensor that must exist.
+    pub fn tensor(&self, name: &str) -> Result<&TensorInfo> {
+        self.file
+            .tensor(name)
+            .ok_or_else(|| RpcError::malformed(CALL, format!("tensor {name} is missing")))
+    }
+
+    fn expect(&self, name: &str, ne0: u32, ne1: u32) -> Result<()> {
+        let t = self.tensor(name)?;
+        if t.ne != [u64::from(ne0), u64::from(ne1), 1, 1] {
+            return Err(RpcError::malformed(
+                CALL,
+                format!(
+                    "tensor {name} has shape {:?}, expected [{ne0}, {ne1}]",
+                    t.ne
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_shapes(&self) -> Result<()> {
+        let h = &self.hparams;
+        self.expect("token_embd.weight", h.n_embd, h.n_vocab)?;
+        if self.tensor("token_embd.weight")?.ty != GGML_TYPE_F32 {
+            return Err(RpcError::refused(
+                CALL,
+                "token_embd.weight must be F32 (the coordinator looks embeddings up itself)",
+            ));
+        }
+        self.expect("output_norm.weight", h.n_embd, 1)?;
+        self.expect(&self.output_name, h.n_embd, h.n_vocab)?;
+        for l in 0..h.n_layer {
+            let n = |w: &str| layer_tensor_name(l, w);
+            self.expect(&n("attn_norm"), h.n_embd, 1)?;
+            self.expect(&n("attn_q"), h.n_embd, h.head_dim * h.n_head)?;
+            self.expect(&n("attn_k"), h.n_embd, h.n_embd_kv())?;
+            self.expect(&n("attn_v"), h.n_embd, h.n_embd_kv())?;
+            self.expect(&n("attn_output"), h.head_dim * h.n_head, h.n_embd)?;
+            self.expect(&n("ffn_norm"), h.n_embd, 1)?;
+            self.expect(&n("ffn_gate"), h.n_embd, h.n_ff)?;
+            self.expect(&n("ffn_up"), h.n_embd, h.n_ff)?;
+            self.expect(&n("ffn_down"), h.n_ff, h.n_embd)?;
+            for w in ["attn_norm", "ffn_norm"] {
+                if self.tensor(&n(w))?.ty != GGML_TYPE_F32 {
+                    return Err(RpcError::refused(CALL, "norm weights must be F32"));
+                }
+            }
+        }
+        if self.tensor("output_norm.weight")?.ty != GGML_TYPE_F32 {
+            return Err(RpcError::refused(CALL, "norm weights must be F32"));
+        }
+        Ok(())
+    }
+
+    /// The token embedding table as f32, `n_vocab` rows of `n_embd`.
+    pub fn read_token_embd(&mut self) -> Result<Vec<f32>> {
+        let info = self.tensor("token_embd.weight")?.clone();
+        let bytes = self.file.read_tensor(&info)?;
+        Ok(bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
+    }
+}

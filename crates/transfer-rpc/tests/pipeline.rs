@@ -1,0 +1,338 @@
+//! The pipeline coordinator against in-process servers (ggml CPU backend)
+//! on a tiny synthetic llama GGUF, with llama.cpp itself (llama.h on its
+//! CPU backend, same GGUF) as the reference for the greedy tokens.
+#![cfg(feature = "ggml")]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::ffi::CString;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use llama_cpp_sys_2 as sys;
+use transfer_rpc::RpcError;
+use transfer_rpc::client::ClientConfig;
+use transfer_rpc::pipeline::{
+    Arm, GroupsResult, RunReport, RunSpec, SyntheticSpec, default_prompts, run_groups,
+};
+use transfer_rpc::protocol::Command;
+use transfer_rpc::server::{GgmlCpuBackend, Server, ServerConfig, ServerHandle};
+use transfer_rpc::validate::GraphLimits;
+
+const SPEC: SyntheticSpec = SyntheticSpec {
+    n_embd: 64,
+    n_layer: 4,
+    n_head: 4,
+    n_head_kv: 2,
+    n_ff: 128,
+    n_vocab: 128,
+    seed: 7,
+};
+const STREAMS: u32 = 3;
+const PROMPT_LEN: u32 = 4;
+const NEW_TOKENS: u32 = 10;
+
+struct Fixture {
+    path: PathBuf,
+    prompts: Vec<Vec<i32>>,
+    ref_tokens: Vec<Vec<i32>>,
+    ref_logits: Vec<Vec<Vec<f32>>>,
+}
+
+/// Greedy decode with llama.cpp on its CPU backend: flash attention and an
+/// F16 KV cache set explicitly (the coordinator's graph does the same), all
+/// streams decoded together, one token per stream per llama_decode (the
+/// batch shape of the coordinator's steps, so the matrix kernels see the
+/// same shapes), sequence b = stream b, one unified KV cache.
+fn llama_reference(
+    path: &Path,
+    prompts: &[Vec<i32>],
+    n_new: u32,
+) -> (Vec<Vec<i32>>, Vec<Vec<Vec<f32>>>) {
+    let b = prompts.len();
+    let len = prompts[0].len();
+    let mut tokens = vec![Vec::new(); b];
+    let mut logits = vec![Vec::new(); b];
+    // SAFETY: llama.h used as documented; every pointer is checked and the
+    // batch arrays are written within the n_tokens they were made for.
+    unsafe {
+        sys::llama_backend_init();
+        let mut mp = sys::llama_model_default_params();
+        let mut no_devices = [std::ptr::null_mut()];
+        mp.devices = no_devices.as_mut_ptr();
+        mp.n_gpu_layers = 0;
+        let cpath = CString::new(path.to_str().unwrap()).unwrap();
+        let model = sys::llama_model_load_from_file(cpath.as_ptr(), mp);
+        assert!(!model.is_null(), "llama.cpp loads the synthetic model");
+        let mut cp = sys::llama_context_default_params();
+        cp.n_ctx = 256;
+        cp.n_batch = 16;
+        cp.n_ubatch = 16;
+        cp.n_seq_max = b as u32;
+        cp.kv_unified = true;
+        cp.n_threads = 1;
+        cp.n_threads_batch = 1;
+        cp.flash_attn_type = sys::LLAMA_FLASH_ATTN_TYPE_ENABLED;
+        cp.type_k = sys::GGML_TYPE_F16;
+        cp.type_v = sys::GGML_TYPE_F16;
+        let ctx = sys::llama_init_from_model(model, cp);
+        assert!(!ctx.is_null(), "context");
+        let batch = sys::llama_batch_init(b as i32, 0, 1);
+        for i in 0..len + n_new as usize - 1 {
+            let mut batch_i = batch;
+            batch_i.n_tokens = b as i32;
+            for s in 0..b {
+                *batch.token.add(s) = if i < len {
+                    prompts[s][i]
+                } else {
+                    tokens[s][i - len]
+                };
+                *batch.pos.add(s) = i as i32;
+                *batch.n_seq_id.add(s) = 1;
+                *(*batch.seq_id.add(s)) = s as i32;
+                *batch.logits.add(s) = 1;
+            }
+            assert_eq!(sys::llama_decode(ctx, batch_i), 0, "llama_decode");
+            if i + 1 >= len {
+                for s in 0..b {
+                    let l = sys::llama_get_logits_ith(ctx, s as i32);
+                    assert!(!l.is_null());
+                    let l = std::slice::from_raw_parts(l, SPEC.n_vocab as usize).to_vec();
+                    tokens[s].push(transfer_rpc::pipeline::argmax(&l));
+                    logits[s].push(l);
+                }
+            }
+        }
+        sys::llama_batch_free(batch);
+        sys::llama_free(ctx);
+        sys::llama_model_free(model);
+    }
+    (tokens, logits)
+}
+
+fn fixture() -> &'static Fixture {
+    static F: OnceLock<Fixture> = OnceLock::new();
+    F.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("trpc-pipeline-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("tiny-llama.gguf");
+        SPEC.write(&path).unwrap();
+        let prompts = default_prompts(STREAMS, PROMPT_LEN, SPEC.n_vocab);
+        let (ref_tokens, ref_logits) = llama_reference(&path, &prompts, NEW_TOKENS);
+        Fixture {
+            path,
+            prompts,
+            ref_tokens,
+            ref_logits,
+        }
+    })
+}
+
+fn start_server(extensions: bool) -> ServerHandle {
+    Server::bind(
+        ServerConfig {
+            bind: "127.0.0.1:0".into(),
+            memory_quota: 64 << 20,
+            max_buffer_size: 64 << 20,
+            extensions,
+            ..ServerConfig::default()
+        },
+        Arc::new(GgmlCpuBackend::new(1, 1, GraphLimits::default())),
+    )
+    .unwrap()
+    .spawn()
+    .unwrap()
+}
+
+fn servers(n: usize) -> Vec<ServerHandle> {
+    (0..n).map(|_| start_server(true)).collect()
+}
+
+fn endpoints(s: &[ServerHandle]) -> Vec<String> {
+    s.iter().map(ServerHandle::endpoint).collect()
+}
+
+fn spec(endpoints: Vec<String>, arm: Arm, groups: usize) -> RunSpec {
+    let f = fixture();
+    RunSpec {
+        model: f.path.clone(),
+        ratios: vec![1.0; endpoints.len()],
+        endpoints,
+        arm,
+        streams: STREAMS,
+        prompts: f.prompts.clone(),
+        tokens: NEW_TOKENS,
+        groups,
+        client: ClientConfig::default(),
+        keep_logits: true,
+    }
+}
+
+fn run(endpoints: Vec<String>, arm: Arm, groups: usize) -> (GroupsResult, RunReport) {
+    let r = run_groups(&spec(endpoints, arm, groups)).unwrap();
+    let report = RunReport::new(arm, STREAMS, NEW_TOKENS, &r).unwrap();
+    (r, report)
+}
+
+fn max_logit_diff(r: &GroupsResult) -> f32 {
+    let f = fixture();
+    let mut d = 0f32;
+    for (ours, theirs) in r.groups[0].output.logits.iter().zip(&f.ref_logits) {
+        assert_eq!(ours.len(), theirs.len());
+        for (a, b) in ours.iter().zip(theirs) {
+            for (x, y) in a.iter().zip(b) {
+                d = d.max((x - y).abs());
+            }
+        }
+    }
+    d
+}
+
+#[test]
+fn tokens_equal_llama_cpp_for_one_to_four_stages() {
+    let f = fixture();
+    assert_eq!(f.ref_tokens.len(), STREAMS as usize);
+    for p in 1..=4 {
+        let s = servers(p);
+        let (r, report) = run(endpoints(&s), Arm::Direct, 1);
+        let diff = max_logit_diff(&r);
+        println!(
+            "P={p}: tokens {:?}, max |logit - llama.cpp| = {diff:e}, md5 {}",
+            r.groups[0].output.tokens, report.tokens_md5
+        );
+        assert_eq!(r.groups[0].output.tokens, f.ref_tokens, "P={p}");
+        // Same kernels on the same batch shape: bit-identical in practice.
+        assert!(diff <= 1e-5, "P={p}: max logit difference {diff}");
+        for h in &s {
+            assert_eq!(h.shared().refused_connections(), 0);
+        }
+    }
+}
+
+#[test]
+fn hub_and_direct_give_identical_tokens() {
+    for p in 1..=4 {
+        let s = servers(p);
+        let (_, hub) = run(endpoints(&s), Arm::Hub, 1);
+        let (_, direct) = run(endpoints(&s), Arm::Direct, 1);
+        assert_eq!(hub.tokens_md5, direct.tokens_md5, "P={p}");
+        assert_eq!(hub.arm_used, if p == 1 { "none" } else { "hub" });
+        assert_eq!(direct.arm_used, if p == 1 { "none" } else { "direct" });
+        assert!(hub.fallbacks.is_empty() && direct.fallbacks.is_empty());
+        assert_eq!(direct.runtime_fallbacks, 0);
+    }
+}
+
+#[test]
+fn direct_removes_the_hidden_state_from_the_coordinator() {
+    let hidden = u64::from(STREAMS) * u64::from(SPEC.n_embd) * 4;
+    for p in [2usize, 4] {
+        let s = servers(p);
+        let (_, hub) = run(endpoints(&s), Arm::Hub, 1);
+        let (_, direct) = run(endpoints(&s), Arm::Direct, 1);
+        println!(
+            "P={p} hub:\n{}\nP={p} direct:\n{}",
+            hub.counters, direct.counters
+        );
+        let b = (p - 1) as f64;
+        let (h, d) = (&hub.counters, &direct.counters);
+        let get =
+            |t: &transfer_rpc::pipeline::counters::CounterTable| t.per_step(Command::GetTensor);
+        let set =
+            |t: &transfer_rpc::pipeline::counters::CounterTable| t.per_step(Command::SetTensor);
+        assert_eq!(get(h).count - get(d).count, b, "GET_TENSOR per step");
+        assert_eq!(set(h).count - set(d).count, b, "SET_TENSOR per step");
+        assert_eq!(d.per_step(Command::CopyTensorTo).count, b);
+        assert_eq!(h.per_step(Command::CopyTensorTo).count, 0.0);
+        // The hidden state itself: SET_TENSOR frames (header 9, tensor 296,
+        // cache flag 1, offset 8, data) and GET_TENSOR answers (8 + data).
+        assert_eq!(
+            set(h).request_bytes - set(d).request_bytes,
+            b * (9.0 + 296.0 + 1.0 + 8.0 + hidden as f64)
+        );
+        assert_eq!(
+            get(h).response_bytes - get(d).response_bytes,
+            b * (8.0 + hidden as f64)
+        );
+        // Everything else the direct arm adds is the small COPY_TENSOR_TO.
+        let copy = d.per_step(Command::CopyTensorTo);
+        assert!(copy.request_bytes / b < 1024.0 && copy.response_bytes / b <= 9.0);
+        assert!(
+            hub.coordinator_bytes_per_step() - direct.coordinator_bytes_per_step()
+                > b * 2.0 * hidden as f64 - b * 1024.0
+        );
+        assert_eq!(hub.tokens_md5, direct.tokens_md5);
+    }
+}
+
+#[test]
+fn engine_falls_back_to_direct_and_direct_to_hub() {
+    let f = fixture();
+    // Our servers, without an engine: engine -> direct on every boundary.
+    let s = servers(3);
+    let (r, report) = run(endpoints(&s), Arm::Engine, 1);
+    assert_eq!(report.arm_used, "direct");
+    assert_eq!(report.fallbacks.len(), 2);
+    assert!(
+        report
+            .fallbacks
+            .iter()
+            .all(|x| x.from == Arm::Engine && x.to == Arm::Direct)
+    );
+    assert_eq!(r.groups[0].output.tokens, f.ref_tokens);
+    assert!(report.to_json().contains("\"fallbacks\":2"));
+
+    // The middle server behaves like upstream (extension off): neither of
+    // its boundaries can go direct, both fall back to the hub.
+    let s = [start_server(true), start_server(false), start_server(true)];
+    let (r, report) = run(endpoints(&s), Arm::Direct, 1);
+    assert_eq!(report.arm_used, "hub");
+    assert_eq!(report.fallbacks.len(), 2);
+    assert!(
+        report
+            .fallbacks
+            .iter()
+            .all(|x| x.from == Arm::Direct && x.to == Arm::Hub)
+    );
+    assert_eq!(r.groups[0].output.tokens, f.ref_tokens);
+    assert_eq!(report.counters.per_step(Command::CopyTensorTo).count, 0.0);
+    // Engine against that set: engine -> direct -> hub.
+    let (r, report) = run(endpoints(&s), Arm::Engine, 1);
+    assert_eq!(report.arm_used, "hub");
+    assert_eq!(report.fallbacks.len(), 4);
+    assert_eq!(r.groups[0].output.tokens, f.ref_tokens);
+}
+
+#[test]
+fn three_groups_in_a_ring_match_the_single_group_run() {
+    let s = servers(3);
+    let (single, _) = run(endpoints(&s), Arm::Direct, 1);
+    let (r, report) = run(endpoints(&s), Arm::Direct, 3);
+    assert_eq!(r.groups.len(), 3);
+    let firsts: Vec<&String> = r.groups.iter().map(|g| &g.endpoints[0]).collect();
+    assert!(firsts[0] != firsts[1] && firsts[1] != firsts[2] && firsts[0] != firsts[2]);
+    for g in &r.groups {
+        assert_eq!(
+            g.output.tokens, single.groups[0].output.tokens,
+            "group {}",
+            g.group
+        );
+        assert_eq!(g.output.tokens, fixture().ref_tokens);
+    }
+    assert_eq!(report.groups, 3);
+    assert!(report.tokens_per_s > 0.0);
+}
+
+#[test]
+fn a_dead_server_is_an_error_naming_stage_and_server() {
+    let live = start_server(true);
+    let dead = start_server(true).endpoint(); // dropped: nothing listens there
+    let err = run_groups(&spec(vec![live.endpoint(), dead.clone()], Arm::Direct, 1)).unwrap_err();
+    match &err {
+        RpcError::Stage { stage, server, .. } => {
+            assert_eq!(*stage, 1);
+            assert_eq!(server, &dead);
+        }
+        other => panic!("expected a stage error, got {other}"),
+    }
+    assert!(err.to_string().contains(&dead));
+}
