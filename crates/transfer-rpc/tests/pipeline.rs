@@ -323,10 +323,15 @@ fn three_groups_in_a_ring_match_the_single_group_run() {
 }
 
 #[test]
-fn a_dead_server_is_an_error_naming_stage_and_server() {
+fn a_server_that_never_answers_is_an_error_naming_stage_and_server() {
     let live = start_server(true);
-    let dead = start_server(true).endpoint(); // dropped: nothing listens there
-    let err = run_groups(&spec(vec![live.endpoint(), dead.clone()], Arm::Direct, 1)).unwrap_err();
+    // Accepts connections (the kernel does) but never answers HELLO; kept
+    // bound so no other test's server can take the port.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead = silent.local_addr().unwrap().to_string();
+    let mut sp = spec(vec![live.endpoint(), dead.clone()], Arm::Direct, 1);
+    sp.client.io_timeout = Some(std::time::Duration::from_millis(300));
+    let err = run_groups(&sp).unwrap_err();
     match &err {
         RpcError::Stage { stage, server, .. } => {
             assert_eq!(*stage, 1);
@@ -335,4 +340,43 @@ fn a_dead_server_is_an_error_naming_stage_and_server() {
         other => panic!("expected a stage error, got {other}"),
     }
     assert!(err.to_string().contains(&dead));
+    println!("{err}");
+}
+
+#[test]
+fn a_server_dying_mid_run_is_an_error_naming_its_stage() {
+    use transfer_rpc::pipeline::{LlamaModel, Pipeline, PipelineConfig};
+    for (dying, arm) in [(1usize, Arm::Direct), (2, Arm::Direct), (1, Arm::Hub)] {
+        let mut s = servers(3);
+        let mut model = LlamaModel::open(&fixture().path).unwrap();
+        let mut p = Pipeline::new(
+            &mut model,
+            &PipelineConfig {
+                endpoints: endpoints(&s),
+                ratios: vec![1.0; 3],
+                arm,
+                streams: STREAMS,
+                ctx: 16,
+                client: ClientConfig::default(),
+            },
+        )
+        .unwrap();
+        let tokens = vec![1; STREAMS as usize];
+        p.step(&tokens, 0).unwrap();
+        let dead = s[dying].endpoint();
+        s[dying].shutdown();
+        let mut err = None;
+        for pos in 1..4 {
+            if let Err(e) = p.step(&tokens, pos) {
+                err = Some(e);
+                break;
+            }
+        }
+        match err {
+            Some(RpcError::Stage { stage, server, .. }) => {
+                assert_eq!((stage, &server), (dying, &dead), "{arm}");
+            }
+            other => panic!("{arm}: expected a stage error, got {other:?}"),
+        }
+    }
 }

@@ -28,7 +28,6 @@
 use std::fmt;
 
 use super::stage::{Stage, stage_error, tensor_bytes};
-use crate::client::{CopyPath, copy_between};
 use crate::error::{Result, RpcError};
 use crate::protocol::RpcTensor;
 
@@ -216,30 +215,42 @@ impl Boundary {
         ))
     }
 
+    /// GET_TENSOR from the source, SET_TENSOR to the destination; each
+    /// failure names its own stage.
+    fn through_hub(&self, src: &mut Stage, dst: &mut Stage) -> Result<()> {
+        let data = src
+            .client
+            .get_tensor(&self.src, 0, self.bytes)
+            .map_err(|e| stage_error(src.index, &src.endpoint, e))?;
+        if data.len() as u64 != self.bytes {
+            return Err(stage_error(
+                src.index,
+                &src.endpoint,
+                RpcError::malformed("boundary GET_TENSOR", "short hidden state"),
+            ));
+        }
+        dst.client
+            .set_tensor(&self.dst, 0, &data)
+            .map_err(|e| stage_error(dst.index, &dst.endpoint, e))
+    }
+
     /// Hook run right after the source stage's compute was sent.
     pub fn after_src_compute(&mut self, src: &mut Stage, dst: &mut Stage) -> Result<()> {
         match self.path {
-            BoundaryPath::Hub => {
-                let data = src
-                    .client
-                    .get_tensor(&self.src, 0, self.bytes)
-                    .map_err(|e| stage_error(src.index, &src.endpoint, e))?;
-                if data.len() as u64 != self.bytes {
-                    return Err(stage_error(
-                        src.index,
-                        &src.endpoint,
-                        RpcError::malformed("boundary GET_TENSOR", "short hidden state"),
-                    ));
-                }
-                dst.client
-                    .set_tensor(&self.dst, 0, &data)
-                    .map_err(|e| stage_error(dst.index, &dst.endpoint, e))
-            }
+            BoundaryPath::Hub => self.through_hub(src, dst),
             BoundaryPath::Direct => {
-                let path = copy_between(&mut src.client, &self.src, &mut dst.client, &self.dst)
+                // The source server answers after its compute (its
+                // connection is served in order) and after PEER_BARRIER on
+                // the destination; 0 means a recoverable failure (peer
+                // unreachable or refusing): this step goes through the hub.
+                let endpoint = dst.client.endpoint().to_owned();
+                let landed = src
+                    .client
+                    .copy_tensor_to(&self.src, &self.dst, self.bytes, &endpoint)
                     .map_err(|e| stage_error(src.index, &src.endpoint, e))?;
-                if path == CopyPath::Hub {
+                if !landed {
                     self.runtime_fallbacks += 1;
+                    self.through_hub(src, dst)?;
                 }
                 Ok(())
             }

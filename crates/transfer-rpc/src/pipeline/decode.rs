@@ -236,11 +236,8 @@ impl Pipeline {
         let (positions, cells, mask) = self.step_inputs(pos);
         let n = self.stages.len();
         for s in 0..n {
-            let stage = &mut self.stages[s];
-            if s == 0 {
-                stage.set_hidden(&embd)?;
-            }
-            stage.set_step_inputs(&positions, &cells, &mask)?;
+            let hidden = (s == 0).then_some(embd.as_slice());
+            self.stages[s].set_step_inputs(hidden, &positions, &cells, &mask)?;
             if s > 0 {
                 let (before, after) = self.stages.split_at_mut(s);
                 self.boundaries[s - 1].before_dst_compute(&mut before[s - 1], &mut after[0])?;

@@ -31,7 +31,8 @@ pub struct RunReport {
     pub ms_per_token_p50: f64,
     /// 99th percentile step time, ms.
     pub ms_per_token_p99: f64,
-    /// Counters of one group (per step, summed over its connections).
+    /// Counters per decode step, summed over every connection of every
+    /// group (groups step concurrently).
     pub counters: CounterTable,
     /// MD5 of group 0's generated tokens (i32 LE, stream after stream).
     pub tokens_md5: String,
@@ -93,6 +94,12 @@ impl RunReport {
             .iter()
             .flat_map(|g| g.output.step_secs.iter().map(|s| s * 1e3))
             .collect();
+        // Groups step concurrently: a step's counters are summed over the
+        // connections of every group.
+        let mut counters = first.output.counters.clone();
+        for g in &r.groups[1..] {
+            counters.sum.merge(&g.output.counters.sum);
+        }
         let generated = u64::from(tokens) * u64::from(streams) * r.groups.len() as u64;
         Ok(RunReport {
             arm,
@@ -108,7 +115,7 @@ impl RunReport {
             },
             ms_per_token_p50: percentile(&steps, 50.0),
             ms_per_token_p99: percentile(&steps, 99.0),
-            counters: first.output.counters.clone(),
+            counters,
             tokens_md5: md5_hex(&token_bytes(&first.output.tokens)),
             fallbacks: r
                 .groups

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use super::model::LlamaModel;
 use super::remote_alloc::{RemoteBuffer, alloc_remote};
-use super::stage_graph::{StageGraph, StageShape, build_stage};
+use super::stage_graph::{InputBlock, StageGraph, StageShape, build_stage};
 use crate::client::{Client, ClientConfig};
 use crate::error::{Result, RpcError};
 use crate::protocol::RpcTensor;
@@ -31,6 +31,8 @@ pub struct Stage {
     pub buffers: [RemoteBuffer; 3],
     /// Layers of this stage.
     pub shape: StageShape,
+    block: InputBlock,
+    block_with_hidden: InputBlock,
     computed: bool,
 }
 
@@ -84,6 +86,8 @@ impl Stage {
         }
         let graph = built.serialize(alignment, &buffers).map_err(wrap)?;
         drop(built);
+        let block = graph.input_block(false).map_err(wrap)?;
+        let block_with_hidden = graph.input_block(true).map_err(wrap)?;
         let mut stage = Stage {
             index,
             endpoint: endpoint.to_owned(),
@@ -91,6 +95,8 @@ impl Stage {
             graph,
             buffers,
             shape,
+            block,
+            block_with_hidden,
             computed: false,
         };
         stage.upload_weights(model).map_err(wrap)?;
@@ -100,6 +106,13 @@ impl Stage {
             .client
             .buffer_clear(stage.buffers[1].handle, 0)
             .map_err(wrap)?;
+        // Uploads and the clear have no response. The hidden state may
+        // later arrive over another connection (a direct copy from the
+        // previous stage's server), which is not ordered with this one: a
+        // clear still queued here would wipe it (seen as wrong tokens in
+        // about half of the direct runs). An answered command proves every
+        // earlier one on this connection has been executed.
+        stage.client.get_alignment(0).map_err(wrap)?;
         Ok(stage)
     }
 
@@ -143,23 +156,48 @@ impl Stage {
         self.client.set_tensor(t, 0, data).map_err(|e| self.wrap(e))
     }
 
-    /// Writes the per-step inputs every stage has: positions, KV cells and
-    /// the mask.
-    pub fn set_step_inputs(&mut self, pos: &[u8], kv_idx: &[u8], mask: &[u8]) -> Result<()> {
-        let (p, k, m) = (
-            self.graph.pos.clone(),
-            self.graph.kv_idx.clone(),
-            self.graph.mask.clone(),
-        );
-        self.write("set positions", &p, pos)?;
-        self.write("set KV cells", &k, kv_idx)?;
-        self.write("set mask", &m, mask)
-    }
-
-    /// Writes the hidden state in (stage 0: the embeddings).
-    pub fn set_hidden(&mut self, data: &[u8]) -> Result<()> {
-        let h = self.graph.hidden_in.clone();
-        self.write("set hidden state", &h, data)
+    /// Writes the step inputs with one SET_TENSOR: positions, KV cells and
+    /// the mask, preceded on stage 0 by the hidden state in (the
+    /// embeddings). Each part's size is checked against its tensor.
+    pub fn set_step_inputs(
+        &mut self,
+        hidden: Option<&[u8]>,
+        pos: &[u8],
+        kv_idx: &[u8],
+        mask: &[u8],
+    ) -> Result<()> {
+        let block = if hidden.is_some() {
+            &self.block_with_hidden
+        } else {
+            &self.block
+        };
+        let mut bytes = vec![0u8; block.len as usize];
+        let g = &self.graph;
+        let parts = [
+            (&g.hidden_in, hidden),
+            (&g.pos, Some(pos)),
+            (&g.kv_idx, Some(kv_idx)),
+            (&g.mask, Some(mask)),
+        ];
+        for (t, data) in parts {
+            let Some(data) = data else { continue };
+            let n = tensor_bytes("step inputs", t).map_err(|e| self.wrap(e))?;
+            let at = (t.data - block.start) as usize;
+            let dst = bytes.get_mut(at..at + n as usize);
+            match dst {
+                Some(d) if data.len() as u64 == n => d.copy_from_slice(data),
+                _ => {
+                    return Err(self.wrap(RpcError::refused(
+                        "step inputs",
+                        format!("{} bytes for the {n}-byte {}", data.len(), t.name_str()),
+                    )));
+                }
+            }
+        }
+        let t = block.tensor.clone();
+        self.client
+            .set_tensor(&t, 0, &bytes)
+            .map_err(|e| self.wrap(e))
     }
 
     /// Runs the graph: GRAPH_COMPUTE the first time, GRAPH_RECOMPUTE after.

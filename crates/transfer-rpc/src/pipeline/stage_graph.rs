@@ -87,6 +87,63 @@ pub struct StageGraph {
     pub weights: Vec<(String, RpcTensor)>,
 }
 
+/// A byte range of the state buffer holding several step inputs back to
+/// back, written with one SET_TENSOR (as a 1-D I8 tensor).
+#[derive(Debug, Clone)]
+pub struct InputBlock {
+    /// The range as a tensor record.
+    pub tensor: RpcTensor,
+    /// Remote address of its first byte.
+    pub start: u64,
+    /// Its length in bytes.
+    pub len: u64,
+}
+
+const GGML_TYPE_I8: u32 = 24;
+
+impl StageGraph {
+    /// The block from the hidden state in (stage 0, which also receives the
+    /// embeddings) or from the positions (later stages) to the end of the
+    /// mask.
+    pub fn input_block(&self, with_hidden: bool) -> Result<InputBlock> {
+        let first = if with_hidden {
+            &self.hidden_in
+        } else {
+            &self.pos
+        };
+        let parts = [&self.hidden_in, &self.pos, &self.kv_idx, &self.mask];
+        let mut prev_end = first.data;
+        for t in parts.iter().skip(usize::from(!with_hidden)) {
+            let n = crate::validate::check_shape(CALL, t)?.1;
+            if t.buffer != first.buffer || t.data < prev_end {
+                return fail("step inputs are not laid out back to back");
+            }
+            prev_end = t
+                .data
+                .checked_add(n)
+                .ok_or_else(|| RpcError::refused(CALL, "overflow"))?;
+        }
+        let len = prev_end - first.data;
+        let len32 =
+            u32::try_from(len).map_err(|_| RpcError::refused(CALL, "step inputs exceed 4 GiB"))?;
+        let mut tensor = RpcTensor {
+            id: 1,
+            ty: GGML_TYPE_I8,
+            buffer: first.buffer,
+            ne: [len32, 1, 1, 1],
+            nb: [1, len32, len32, len32],
+            data: first.data,
+            ..RpcTensor::default()
+        };
+        tensor.set_name("step_inputs");
+        Ok(InputBlock {
+            tensor,
+            start: first.data,
+            len,
+        })
+    }
+}
+
 /// Owns a ggml context.
 struct Ctx(*mut sys::ggml_context);
 
@@ -522,10 +579,19 @@ impl BuiltStage {
             LinearAllocator::new(alignment)?,
         ];
         let mut placed = Placement::new();
+        // The step inputs first and in this order, back to back in the
+        // state buffer, so one SET_TENSOR writes them all
+        // ([`StageGraph::input_block`]).
+        for t in [self.hidden_in, self.pos, self.kv_idx, self.mask] {
+            // SAFETY: t is live; ggml_nbytes reads its shape only.
+            let size = unsafe { sys::ggml_nbytes(t) } as u64;
+            let off = allocs[BufferKind::State as usize].alloc(size)?;
+            placed.insert(t as usize, (BufferKind::State, off));
+        }
         for t in self.closure() {
             // SAFETY: t is a live tensor of self.ctx.
             let (view_src, op) = unsafe { ((*t).view_src, (*t).op) };
-            if !view_src.is_null() {
+            if !view_src.is_null() || placed.contains_key(&(t as usize)) {
                 continue;
             }
             let kind = match self.leaves.get(&(t as usize)) {
