@@ -69,9 +69,21 @@ pub fn shape(
     rate: Option<&str>,
     delay: Option<&str>,
 ) -> Option<Vec<String>> {
+    shape_with_burst(namespace, dev, rate, delay, "256kbit")
+}
+
+/// [`shape`] with tbf's bucket size `burst` (bytes that may pass at line
+/// rate after an idle spell).
+pub fn shape_with_burst(
+    namespace: &str,
+    dev: &str,
+    rate: Option<&str>,
+    delay: Option<&str>,
+    burst: &str,
+) -> Option<Vec<String>> {
     let line = match (rate, delay) {
         (Some(r), None) => format!(
-            "ip netns exec {namespace} tc qdisc add dev {dev} root tbf rate {r} burst 256kbit latency 100ms"
+            "ip netns exec {namespace} tc qdisc add dev {dev} root tbf rate {r} burst {burst} latency 100ms"
         ),
         (r, Some(d)) => {
             let rate = r.map(|r| format!(" rate {r}")).unwrap_or_default();

@@ -52,22 +52,27 @@ pub struct ModelShape {
 }
 
 impl ModelShape {
-    /// `small`: the default, sized so that on a 2-core machine the shaped
-    /// coordinator link, not compute, bounds the hub arm.
+    /// `small`: the default, sized so that on this 2-core machine the
+    /// shaped coordinator link, not compute, bounds the hub arm. Measured
+    /// at 200mbit, 8 streams, 4 stages, one group (hub / direct tokens/s):
+    /// n_embd 1024 x 4 streams 147 / 214 (compute ~10 ms a step, link
+    /// 5 ms); n_embd 512 x 8 streams 405 / 642 (link 5.5 ms of the hub's
+    /// 10 ms step). Hidden state per boundary: 8 x 512 x 4 = 16 KiB.
     pub const SMALL: ModelShape = ModelShape {
-        n_embd: 1024,
+        n_embd: 512,
         layers_per_stage: 1,
         n_head: 8,
         n_head_kv: 2,
         n_ff: 256,
         n_vocab: 128,
     };
-    /// `medium`: twice the hidden size, more layers and compute per stage.
+    /// `medium`: twice the hidden size and feed-forward; compute weighs
+    /// more (about 10 ms a step here), so the link matters less.
     pub const MEDIUM: ModelShape = ModelShape {
-        n_embd: 2048,
-        layers_per_stage: 2,
-        n_head: 16,
-        n_head_kv: 4,
+        n_embd: 1024,
+        layers_per_stage: 1,
+        n_head: 8,
+        n_head_kv: 2,
         n_ff: 512,
         n_vocab: 256,
     };
@@ -103,6 +108,8 @@ pub struct RpcArgs {
     pub threads: usize,
     /// `--quick`: one short repeat of everything.
     pub quick: bool,
+    /// tbf bucket of the coordinator's link.
+    pub burst: String,
     /// Use the binaries in this folder instead of building them.
     pub bin_dir: Option<String>,
     /// Only build the lab, measure its links, start the servers and check
@@ -119,13 +126,14 @@ impl Default for RpcArgs {
             rate: "200mbit".into(),
             delay: None,
             groups: vec![1, 3],
-            streams: 4,
+            streams: 8,
             tokens: 32,
             prompt_len: 8,
             model: ModelShape::SMALL,
             model_name: "small".into(),
             threads: 1,
             quick: false,
+            burst: "4kb".into(),
             bin_dir: None,
             check_lab: false,
         }
@@ -134,8 +142,8 @@ impl Default for RpcArgs {
 
 pub const USAGE: &str = "\
 usage: cargo xtask bench rpc [--stages 4] [--arms hub,direct,engine] [--repeats 3]
-         [--rate 200mbit] [--delay 2ms] [--groups 1,3] [--streams 4] [--tokens 32]
-         [--prompt-len 8] [--threads 1] [--model-size small|medium] [--quick]
+         [--rate 200mbit] [--delay 2ms] [--groups 1,3] [--streams 8] [--tokens 32]
+         [--prompt-len 8] [--threads 1] [--model-size small|medium] [--n-embd N] [--quick]
          [--bin-dir DIR (prebuilt transfer-rpc-server and -pipeline; skips the build)]
          [--check-lab (only set up the namespaces, measure the links, start and reach the servers)]";
 
@@ -168,7 +176,7 @@ fn list<T>(
 /// Parses the options after `bench rpc`.
 pub fn parse(args: &[String]) -> Result<RpcArgs, String> {
     let mut out = RpcArgs::default();
-    let (mut repeats, mut tokens) = (None, None);
+    let (mut repeats, mut tokens, mut n_embd) = (None, None, None);
     let mut it = args.iter();
     while let Some(a) = it.next() {
         if a == "--quick" {
@@ -205,6 +213,8 @@ pub fn parse(args: &[String]) -> Result<RpcArgs, String> {
             "--prompt-len" => out.prompt_len = number(a, v, 1, 4096)?,
             "--threads" => out.threads = number(a, v, 1, 256)?,
             "--bin-dir" => out.bin_dir = Some(v.clone()),
+            "--burst" => out.burst = v.clone(),
+            "--n-embd" => n_embd = Some(number(a, v, 16, 16384)?),
             "--model-size" => {
                 out.model = match v.as_str() {
                     "small" => ModelShape::SMALL,
@@ -220,9 +230,19 @@ pub fn parse(args: &[String]) -> Result<RpcArgs, String> {
             other => return Err(format!("bench rpc: unknown option `{other}`\n{USAGE}")),
         }
     }
+    if let Some(n) = n_embd {
+        if n % out.model.n_head as usize != 0 {
+            return Err(format!(
+                "bench rpc: --n-embd must be a multiple of the model's {} heads",
+                out.model.n_head
+            ));
+        }
+        out.model.n_embd = n as u32;
+        out.model_name = format!("{}-embd{n}", out.model_name);
+    }
     // --quick shortens what was not given explicitly.
     out.repeats = repeats.unwrap_or(if out.quick { 1 } else { 3 });
-    out.tokens = tokens.unwrap_or(if out.quick { 8 } else { 32 });
+    out.tokens = tokens.unwrap_or(if out.quick { 16 } else { 32 });
     Ok(out)
 }
 
@@ -294,12 +314,17 @@ mod tests {
         let q = parse(&s(&["--quick"]));
         assert_eq!(
             q.as_ref().map(|a| (a.quick, a.repeats, a.tokens)),
-            Ok((true, 1, 8))
+            Ok((true, 1, 16))
+        );
+        let e = parse(&s(&["--n-embd", "512"]));
+        assert_eq!(
+            e.map(|a| (a.model.n_embd, a.model.n_ff, a.model_name)),
+            Ok((512, ModelShape::SMALL.n_ff, "small-embd512".to_string()))
         );
         let c = parse(&s(&["--check-lab"]));
         assert_eq!(c.map(|a| (a.check_lab, a.quick)), Ok((true, false)));
         let q = parse(&s(&["--repeats", "2", "--quick"]));
-        assert_eq!(q.as_ref().map(|a| (a.repeats, a.tokens)), Ok((2, 8)));
+        assert_eq!(q.as_ref().map(|a| (a.repeats, a.tokens)), Ok((2, 16)));
     }
 
     #[test]
@@ -314,6 +339,7 @@ mod tests {
             &["--groups", "0"],
             &["--repeats", "0"],
             &["--model-size", "huge"],
+            &["--n-embd", "100"],
             &["--bogus", "1"],
         ] {
             assert!(parse(&s(bad)).is_err(), "{bad:?}");

@@ -5,7 +5,7 @@
 //! egress of `port0` on the switch: servers to coordinator), so that it is
 //! the bottleneck while server-to-server traffic runs at veth speed.
 
-use crate::netns::{host_ip, ns, shape, switch, switch_ns};
+use crate::netns::{host_ip, ns, shape_with_burst, switch, switch_ns};
 
 use super::args::{Arm, RpcArgs};
 
@@ -21,13 +21,18 @@ pub fn server_addr(s: usize) -> String {
 
 /// Commands that build the coordinator host and `stages` server hosts,
 /// shaping the coordinator's link with `rate` (and `delay` where given).
-pub fn setup(stages: usize, rate: Option<&str>, delay: Option<&str>) -> Vec<Vec<String>> {
+pub fn setup(
+    stages: usize,
+    rate: Option<&str>,
+    delay: Option<&str>,
+    burst: &str,
+) -> Vec<Vec<String>> {
     let mut cmds = switch();
     for i in 0..=stages {
         cmds.extend(crate::netns::host_link(i));
     }
-    cmds.extend(shape(&ns(0), "eth0", rate, delay));
-    cmds.extend(shape(&switch_ns(), "port0", rate, delay));
+    cmds.extend(shape_with_burst(&ns(0), "eth0", rate, delay, burst));
+    cmds.extend(shape_with_burst(&switch_ns(), "port0", rate, delay, burst));
     cmds
 }
 
@@ -229,7 +234,7 @@ mod tests {
 
     #[test]
     fn builds_p_plus_one_hosts_and_shapes_only_the_coordinator() {
-        let t = text(&setup(4, Some("200mbit"), None));
+        let t = text(&setup(4, Some("200mbit"), None, "256kbit"));
         for i in 0..=4 {
             assert!(t.contains(&format!("ip netns add xtb-h{i}")), "{t:?}");
             assert!(t.contains(&format!("ip -n xtb-sw link set port{i} master br0")));
@@ -243,7 +248,7 @@ mod tests {
                 "ip netns exec xtb-sw tc qdisc add dev port0 root tbf rate 200mbit burst 256kbit latency 100ms",
             ]
         );
-        let delayed = text(&setup(2, Some("200mbit"), Some("2ms")));
+        let delayed = text(&setup(2, Some("200mbit"), Some("2ms"), "4kb"));
         assert_eq!(
             delayed
                 .iter()
@@ -252,11 +257,11 @@ mod tests {
             2
         );
         assert!(
-            !text(&setup(2, None, None))
+            !text(&setup(2, None, None, "4kb"))
                 .iter()
                 .any(|c| c.contains(" tc "))
         );
-        for c in setup(3, Some("1gbit"), None) {
+        for c in setup(3, Some("1gbit"), None, "4kb") {
             assert!(c.iter().any(|w| w.starts_with("xtb-")), "{c:?}");
         }
     }
@@ -311,12 +316,12 @@ mod tests {
             c,
             "ip netns exec xtb-h0 /p run --model /m.gguf \
              --servers 10.77.0.2:50052,10.77.0.3:50052,10.77.0.4:50052,10.77.0.5:50052 \
-             --tensor-split 1,1,1,1 --arm direct --streams 4 --prompt-len 8 --tokens 32 \
+             --tensor-split 1,1,1,1 --arm direct --streams 8 --prompt-len 8 --tokens 32 \
              --groups 3 --json /o.json --quiet"
         );
         let m = make_model("/p", &a, "/m.gguf").join(" ");
         assert!(
-            m.starts_with("/p make-model --out /m.gguf --n-embd 1024 --n-layer 4 "),
+            m.starts_with("/p make-model --out /m.gguf --n-embd 512 --n-layer 4 "),
             "{m}"
         );
         assert!(m.ends_with("--n-vocab 128 --seed 1"), "{m}");

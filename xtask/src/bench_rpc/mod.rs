@@ -384,7 +384,7 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     netns::catch_ctrl_c();
     netns::cleanup_namespaces();
     let lab_guard = Lab;
-    for cmd in lab::setup(a.stages, Some(&a.rate), a.delay.as_deref()) {
+    for cmd in lab::setup(a.stages, Some(&a.rate), a.delay.as_deref(), &a.burst) {
         netns::run_cmd(&cmd)?;
     }
     let link_report = check_links(&a)?;
