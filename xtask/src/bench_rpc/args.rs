@@ -143,7 +143,7 @@ impl Default for RpcArgs {
 pub const USAGE: &str = "\
 usage: cargo xtask bench rpc [--stages 4] [--arms hub,direct,engine] [--repeats 3]
          [--rate 200mbit] [--delay 2ms] [--groups 1,3] [--streams 8] [--tokens 32]
-         [--prompt-len 8] [--threads 1] [--model-size small|medium] [--n-embd N] [--quick]
+         [--prompt-len 8] [--threads 1] [--model-size small|medium] [--n-embd N] [--burst 4kb] [--quick]
          [--bin-dir DIR (prebuilt transfer-rpc-server and -pipeline; skips the build)]
          [--check-lab (only set up the namespaces, measure the links, start and reach the servers)]";
 

@@ -165,13 +165,36 @@ pub struct Target {
     pub threshold: f64,
     /// Why the verdict may not count (e.g. not 4 stages).
     pub note: Option<String>,
+    /// Why there is no verdict although a ratio exists: an arm of the ratio
+    /// fell back to another path, so it did not measure itself.
+    pub invalid: Option<String>,
 }
 
 impl Target {
     /// Met (Some(true)), missed (Some(false)) or not measured (None).
     pub fn met(&self) -> Option<bool> {
+        if self.invalid.is_some() {
+            return None;
+        }
         self.ratio.map(|r| r >= self.threshold)
     }
+}
+
+/// Why a ratio involving `arms` at `groups` measures something else: one
+/// of them fell back to another path in some run.
+fn fallback_of(cells: &[Cell], arms: &[Arm], groups: usize) -> Option<String> {
+    cells
+        .iter()
+        .filter(|c| arms.contains(&c.arm) && c.groups == groups && c.fell_back > 0)
+        .map(|c| {
+            format!(
+                "{} fell back to another path in {}/{} runs",
+                c.arm.name(),
+                c.fell_back,
+                c.runs
+            )
+        })
+        .reduce(|a, b| format!("{a}; {b}"))
 }
 
 fn cell_tps(cells: &[Cell], arm: Arm, groups: usize) -> Option<f64> {
@@ -199,6 +222,7 @@ pub fn targets(cells: &[Cell], stages: usize) -> Vec<Target> {
             ratio: ratio(cells, arm, Arm::Hub, fewest),
             threshold: 1.5,
             note: stage_note.clone().or_else(|| group_note(fewest)),
+            invalid: fallback_of(cells, &[arm, Arm::Hub], fewest),
         });
     }
     out.push(Target {
@@ -206,6 +230,7 @@ pub fn targets(cells: &[Cell], stages: usize) -> Vec<Target> {
         ratio: ratio(cells, Arm::Engine, Arm::Direct, 3),
         threshold: 1.3,
         note: None,
+        invalid: fallback_of(cells, &[Arm::Engine, Arm::Direct], 3),
     });
     out
 }
@@ -280,10 +305,11 @@ pub fn table(cells: &[Cell], targets: &[Target]) -> String {
     }
     t.push_str("\ntargets:\n");
     for g in targets {
-        let verdict = match g.met() {
-            Some(true) => "met",
-            Some(false) => "MISSED",
-            None => "not measured",
+        let verdict = match (g.met(), &g.invalid) {
+            (Some(true), _) => "met".to_string(),
+            (Some(false), _) => "MISSED".to_string(),
+            (None, Some(why)) => format!("NOT MEASURED: {why}"),
+            (None, None) => "not measured".to_string(),
         };
         let ratio = g
             .ratio
@@ -386,7 +412,7 @@ pub fn results_json(
     for (i, g) in targets.iter().enumerate() {
         let _ = write!(
             o,
-            "{}\n{{\"name\":{},\"ratio\":{},\"threshold\":{},\"met\":{},\"note\":{}}}",
+            "{}\n{{\"name\":{},\"ratio\":{},\"threshold\":{},\"met\":{},\"note\":{},\"invalid\":{}}}",
             if i > 0 { "," } else { "" },
             json::string(&g.name),
             g.ratio.map(json::num).unwrap_or_else(|| "null".into()),
@@ -395,6 +421,10 @@ pub fn results_json(
                 .map(|m| m.to_string())
                 .unwrap_or_else(|| "null".into()),
             g.note
+                .as_deref()
+                .map(json::string)
+                .unwrap_or_else(|| "null".into()),
+            g.invalid
                 .as_deref()
                 .map(json::string)
                 .unwrap_or_else(|| "null".into()),
@@ -548,9 +578,17 @@ mod tests {
         let text =
             report("engine", 5.0, "x").replace(r#""arm_used":"engine""#, r#""arm_used":"direct""#);
         let s = Sample::from_report(run, &json::parse(&text)?)?;
-        let cells = summarize(&[(Arm::Engine, 1)], &[s]);
-        assert_eq!(cells[0].fell_back, 1);
-        assert!(table(&cells, &[]).contains("FELL BACK in 1/1"));
+        let hub_run = schedule(&[Arm::Hub], &[1], 1)[0];
+        let hub = Sample::from_report(hub_run, &json::parse(&report("hub", 2.0, "x"))?)?;
+        let cells = summarize(&[(Arm::Hub, 1), (Arm::Engine, 1)], &[hub, s]);
+        assert_eq!(cells[1].fell_back, 1);
+        let t = targets(&cells, 4);
+        // engine/hub = 2.5 would meet 1.5, but the engine never ran.
+        assert_eq!(t[1].ratio, Some(2.5));
+        assert_eq!(t[1].met(), None);
+        let text = table(&cells, &t);
+        assert!(text.contains("FELL BACK in 1/1"), "{text}");
+        assert!(text.contains("NOT MEASURED: engine fell back"), "{text}");
         let broken = json::parse(r#"{"arm_used":"hub","tokens_per_s":1}"#)?;
         assert!(Sample::from_report(run, &broken).is_err());
         Ok(())

@@ -92,13 +92,23 @@ pub fn chart(cells: &[Cell], arms: &[Arm], groups: &[usize], title: &str) -> Str
             };
             let x = x0 + bar * ai as f64;
             let yy = y(c.tps_median);
+            // A bar whose arm fell back measured another path: pale.
+            let opacity = if c.fell_back > 0 { 0.35 } else { 1.0 };
             let _ = writeln!(
                 s,
-                r#"<rect x="{x:.1}" y="{yy:.1}" width="{:.1}" height="{:.1}" fill="{}"/>"#,
+                r#"<rect x="{x:.1}" y="{yy:.1}" width="{:.1}" height="{:.1}" fill="{}" fill-opacity="{opacity}"/>"#,
                 bar * 0.9,
                 top + ph - yy,
                 colour(*arm)
             );
+            if c.fell_back > 0 {
+                let _ = writeln!(
+                    s,
+                    r#"<text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="10">fell back</text>"#,
+                    x + bar * 0.45,
+                    top + ph - 6.0
+                );
+            }
             let cx = x + bar * 0.45;
             let _ = writeln!(
                 s,
@@ -174,17 +184,17 @@ mod tests {
 
     #[test]
     fn one_bar_per_cell_run_and_a_legend() {
-        let cells = [
-            cell(Arm::Hub, 1, 10.0),
-            cell(Arm::Direct, 1, 20.0),
-            cell(Arm::Hub, 3, 12.0),
-        ];
+        let mut fell = cell(Arm::Direct, 1, 20.0);
+        fell.fell_back = 1;
+        let cells = [cell(Arm::Hub, 1, 10.0), fell, cell(Arm::Hub, 3, 12.0)];
         let svg = chart(&cells, &[Arm::Hub, Arm::Direct], &[1, 3], "a <b>");
         assert!(svg.starts_with("<svg") && svg.ends_with("</svg>\n"));
         // 3 bars + 2 legend swatches + background.
         assert_eq!(svg.matches("<rect").count(), 6);
         assert!(svg.contains(">20.0<") && svg.contains(">3 groups<"));
         assert!(svg.contains("a &lt;b&gt;"));
+        assert_eq!(svg.matches(">fell back<").count(), 1);
+        assert_eq!(svg.matches("fill-opacity=\"0.35\"").count(), 1);
         // The tallest whisker (22) fits under the axis maximum (50).
         assert!(svg.contains(">50<"));
     }
