@@ -339,7 +339,7 @@ pub fn results_json(
     let m = a.model;
     let _ = write!(
         o,
-        "\"stages\":{},\"arms\":[{}],\"repeats\":{},\"rate\":{},\"delay\":{},\"groups\":[{}],\
+        "\"stages\":{},\"arms\":[{}],\"repeats\":{},\"rate\":{},\"burst\":{},\"delay\":{},\"groups\":[{}],\
          \"streams\":{},\"tokens\":{},\"prompt_len\":{},\"threads\":{},\"quick\":{},\
          \"model\":{{\"size\":{},\"n_embd\":{},\"n_layer\":{},\"n_head\":{},\"n_head_kv\":{},\
          \"n_ff\":{},\"n_vocab\":{}}},\"hidden_bytes_per_boundary\":{}",
@@ -347,6 +347,7 @@ pub fn results_json(
         arms.join(","),
         a.repeats,
         json::string(&a.rate),
+        json::string(&a.burst),
         a.delay
             .as_deref()
             .map(json::string)
@@ -538,6 +539,7 @@ mod tests {
         assert!(token_mismatches(&s).is_empty());
         let out = results_json(&RpcArgs::default(), &[], &s, &cells, &t, &[]);
         let back = json::parse(&out)?;
+        assert_eq!(back.get("config").and_then(|c| c.str("burst")), Some("4kb"));
         assert_eq!(back.num("tokens_match"), None);
         assert_eq!(back.get("tokens_match"), Some(&Json::Bool(true)));
         match back.get("runs") {
