@@ -9,6 +9,7 @@
 //!     stage s: GRAPH_RECOMPUTE
 //!     if s < last: boundary[s].after_src_compute(stage s, stage s+1)
 //! read the logits from the last stage
+//! for b in boundaries: b.finish_step(stage b, stage b+1)
 //! ```
 //!
 //! - `Hub`: `after_src_compute` reads the output of stage s (GET_TENSOR,
@@ -21,9 +22,11 @@
 //!   `engine_link`) slots in as a third [`BoundaryPath`] variant: it posts
 //!   the write on the source in `after_src_compute` and a wait on the
 //!   destination in `before_dst_compute`, both without a response, so the
-//!   coordinator never waits between stages. [`Boundary::negotiate`] is
-//!   where it is chosen; until then `--arm engine` falls back to direct,
-//!   then hub, each fallback recorded.
+//!   coordinator never waits between stages; [`Boundary::finish_step`]
+//!   collects their answers once the step's logits are read.
+//!   [`Boundary::negotiate`] is where it is chosen; until then
+//!   `--arm engine` falls back to direct, then hub, each fallback recorded
+//!   with its reason.
 
 use std::fmt;
 
@@ -138,15 +141,21 @@ fn direct_unavailable(src: &Stage, dst: &Stage) -> Option<String> {
     None
 }
 
-/// Why the engine path is not possible between two stages. This build's
-/// client has no ENGINE_* methods yet (they are being added with
-/// `engine_link`); the engine integration replaces this check with its
-/// probe of both servers and adds the `Engine` path.
-fn engine_unavailable(_src: &Stage, dst: &Stage) -> Option<String> {
-    Some(format!(
-        "no engine path to {}: this coordinator build has no ENGINE_* client",
-        dst.endpoint
-    ))
+/// Why the engine path is not used between two stages. The probe is real
+/// (EXT_QUERY at connect time says whether a server serves ENGINE_*); the
+/// path itself is integrated by the engine work (`engine_link` and
+/// `client::open_engine_boundary`): it adds a `BoundaryPath::Engine` variant
+/// chosen here when both servers offer it, posts ENGINE_WRITE in
+/// [`Boundary::after_src_compute`], ENGINE_WAIT in
+/// [`Boundary::before_dst_compute`] and collects both answers in
+/// [`Boundary::finish_step`].
+fn engine_unavailable(src: &Stage, dst: &Stage) -> Option<String> {
+    for s in [src, dst] {
+        if !s.client.supports_engine() {
+            return Some(format!("{} does not serve ENGINE_*", s.endpoint));
+        }
+    }
+    Some("both servers serve ENGINE_*, but this coordinator has no engine path yet".into())
 }
 
 impl Boundary {
@@ -262,6 +271,15 @@ impl Boundary {
     /// connection is served in order, or the source waited for
     /// PEER_BARRIER); an engine path posts its wait here.
     pub fn before_dst_compute(&mut self, _src: &mut Stage, _dst: &mut Stage) -> Result<()> {
+        match self.path {
+            BoundaryPath::Hub | BoundaryPath::Direct => Ok(()),
+        }
+    }
+
+    /// Hook run once per step after the last stage's output was read: a
+    /// path that posted commands without waiting collects their answers
+    /// here. Hub and direct waited already.
+    pub fn finish_step(&mut self, _src: &mut Stage, _dst: &mut Stage) -> Result<()> {
         match self.path {
             BoundaryPath::Hub | BoundaryPath::Direct => Ok(()),
         }

@@ -139,8 +139,9 @@ impl Pipeline {
         }
         let mut boundaries = Vec::new();
         let mut fallbacks = Vec::new();
-        for w in stages.windows(2) {
-            let (b, f) = Boundary::negotiate(config.arm, &w[0], &w[1])?;
+        for i in 1..stages.len() {
+            let (before, after) = stages.split_at_mut(i);
+            let (b, f) = Boundary::negotiate(config.arm, &before[i - 1], &after[0])?;
             boundaries.push(b);
             fallbacks.extend(f);
         }
@@ -260,6 +261,10 @@ impl Pipeline {
                     format!("{} bytes, expected {want}", raw.len()),
                 ),
             ));
+        }
+        for i in 1..n {
+            let (before, after) = self.stages.split_at_mut(i);
+            self.boundaries[i - 1].finish_step(&mut before[i - 1], &mut after[0])?;
         }
         let floats: Vec<f32> = raw
             .chunks_exact(4)
