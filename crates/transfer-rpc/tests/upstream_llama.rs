@@ -14,6 +14,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use llama_cpp_sys_2 as sys;
+use transfer_rpc::pipeline::GgufWriter;
 use transfer_rpc::server::{GgmlCpuBackend, Server, ServerConfig};
 use transfer_rpc::validate::GraphLimits;
 
@@ -28,81 +29,31 @@ const N_FF: u64 = 128;
 const N_VOCAB: u64 = 128;
 const N_LAYER: u32 = 2;
 
-/// A minimal GGUF v3 writer (F32 tensors only).
-struct Gguf {
-    kv: Vec<u8>,
-    n_kv: u64,
-    tensors: Vec<(String, Vec<u64>, Vec<f32>)>,
-}
-
-fn gstr(out: &mut Vec<u8>, s: &str) {
-    out.extend_from_slice(&(s.len() as u64).to_le_bytes());
-    out.extend_from_slice(s.as_bytes());
-}
+/// The crate's GGUF writer, with this test's deterministic weights.
+struct Gguf(GgufWriter);
 
 impl Gguf {
     fn new() -> Self {
-        Gguf {
-            kv: Vec::new(),
-            n_kv: 0,
-            tensors: Vec::new(),
-        }
+        Gguf(GgufWriter::new())
     }
     fn u32(&mut self, k: &str, v: u32) {
-        gstr(&mut self.kv, k);
-        self.kv.extend_from_slice(&4u32.to_le_bytes());
-        self.kv.extend_from_slice(&v.to_le_bytes());
-        self.n_kv += 1;
+        self.0.add_u32(k, v);
     }
     fn f32(&mut self, k: &str, v: f32) {
-        gstr(&mut self.kv, k);
-        self.kv.extend_from_slice(&6u32.to_le_bytes());
-        self.kv.extend_from_slice(&v.to_le_bytes());
-        self.n_kv += 1;
+        self.0.add_f32(k, v);
     }
     fn str(&mut self, k: &str, v: &str) {
-        gstr(&mut self.kv, k);
-        self.kv.extend_from_slice(&8u32.to_le_bytes());
-        gstr(&mut self.kv, v);
-        self.n_kv += 1;
+        self.0.add_str(k, v);
     }
     fn tensor(&mut self, name: &str, dims: &[u64], seed: f32, scale: f32, offset: f32) {
         let n: u64 = dims.iter().product();
-        let data = (0..n)
+        let data: Vec<f32> = (0..n)
             .map(|i| offset + scale * ((i as f32) * 0.6180339 + seed).sin())
             .collect();
-        self.tensors.push((name.into(), dims.to_vec(), data));
+        self.0.add_tensor_f32(name, dims, &data).unwrap();
     }
     fn write(&self, path: &Path) {
-        let mut out = b"GGUF".to_vec();
-        out.extend_from_slice(&3u32.to_le_bytes());
-        out.extend_from_slice(&(self.tensors.len() as u64).to_le_bytes());
-        out.extend_from_slice(&self.n_kv.to_le_bytes());
-        out.extend_from_slice(&self.kv);
-        let mut offset = 0u64;
-        for (name, dims, data) in &self.tensors {
-            gstr(&mut out, name);
-            out.extend_from_slice(&(dims.len() as u32).to_le_bytes());
-            for d in dims {
-                out.extend_from_slice(&d.to_le_bytes());
-            }
-            out.extend_from_slice(&0u32.to_le_bytes()); // F32
-            out.extend_from_slice(&offset.to_le_bytes());
-            offset += (data.len() as u64 * 4).next_multiple_of(32);
-        }
-        while out.len() % 32 != 0 {
-            out.push(0);
-        }
-        for (_, _, data) in &self.tensors {
-            let start = out.len();
-            for v in data {
-                out.extend_from_slice(&v.to_le_bytes());
-            }
-            while (out.len() - start) % 32 != 0 {
-                out.push(0);
-            }
-        }
-        std::fs::write(path, out).unwrap();
+        self.0.write(path).unwrap();
     }
 }
 
