@@ -2,6 +2,14 @@
 //! its own connections and thread. Group g places stage i on server
 //! `(i + g) mod P` (a ring), so no two groups (for G ≤ P) start on the same
 //! server and every server holds a different stage of each group.
+//!
+//! Connections per server: G from the coordinator, plus (direct arm) up to
+//! G peer connections from the previous stage's server (one per source
+//! session), plus a short-lived probe per peer connection. Well under the
+//! default `max_connections` (64) for the group counts benchmarked; a
+//! server at its limit leaves new connections in the accept queue, where a
+//! direct copy's handshake times out (`peer_connect_timeout`) and that
+//! step goes through the hub (counted as a run-time fallback).
 
 use std::path::PathBuf;
 use std::sync::mpsc;

@@ -240,3 +240,85 @@ impl LlamaModel {
             .collect())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pipeline::synthetic::{GgufWriter, SyntheticSpec};
+
+    fn temp(name: &str) -> std::path::PathBuf {
+        std::env::temp_dir().join(format!("trpc-model-{}-{name}", std::process::id()))
+    }
+
+    #[test]
+    fn synthetic_model_round_trips() -> Result<()> {
+        let spec = SyntheticSpec {
+            n_embd: 32,
+            n_layer: 2,
+            n_head: 4,
+            n_head_kv: 2,
+            n_ff: 48,
+            n_vocab: 20,
+            seed: 3,
+        };
+        let p = temp("ok");
+        spec.write(&p)?;
+        let mut m = LlamaModel::open(&p)?;
+        let h = m.hparams;
+        assert_eq!((h.n_embd, h.n_layer, h.n_head, h.n_head_kv), (32, 2, 4, 2));
+        assert_eq!(
+            (h.n_ff, h.n_vocab, h.head_dim, h.n_embd_kv()),
+            (48, 20, 8, 16)
+        );
+        assert_eq!(m.output_name, "output.weight");
+        assert_eq!(m.read_token_embd()?.len(), 32 * 20);
+        // Same seed, same bytes; another seed, other weights.
+        let again = temp("again");
+        spec.write(&again)?;
+        let other = temp("other");
+        SyntheticSpec { seed: 4, ..spec }.write(&other)?;
+        let read = |p: &std::path::Path| std::fs::read(p).map_err(|e| RpcError::io("test", e));
+        assert_eq!(read(&p)?, read(&again)?);
+        assert_ne!(read(&p)?, read(&other)?);
+        for f in [p, again, other] {
+            let _ = std::fs::remove_file(f);
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn wrong_architecture_shapes_and_sizes_are_refused() -> Result<()> {
+        assert!(
+            SyntheticSpec {
+                n_embd: 30,
+                ..SyntheticSpec::default()
+            }
+            .check()
+            .is_err()
+        );
+        let p = temp("bad");
+        let mut w = GgufWriter::new();
+        w.add_str("general.architecture", "gpt2");
+        w.write(&p)?;
+        assert!(LlamaModel::open(&p).is_err());
+        // A llama header whose layer tensor is missing.
+        let mut w = GgufWriter::new();
+        w.add_str("general.architecture", "llama");
+        w.add_u32("llama.embedding_length", 8);
+        w.add_u32("llama.attention.head_count", 2);
+        w.add_u32("llama.block_count", 1);
+        w.add_u32("llama.feed_forward_length", 8);
+        w.add_u32("llama.vocab_size", 4);
+        w.add_u32("llama.context_length", 16);
+        w.add_tensor_f32("token_embd.weight", &[8, 4], &[0.0; 32])?;
+        w.add_tensor_f32("output_norm.weight", &[8], &[1.0; 8])?;
+        w.write(&p)?;
+        let e = LlamaModel::open(&p)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains("blk.0.attn_norm.weight"), "{e}");
+        let _ = std::fs::remove_file(&p);
+        Ok(())
+    }
+}
