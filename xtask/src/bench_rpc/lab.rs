@@ -120,7 +120,8 @@ pub fn make_model(bin: &str, a: &RpcArgs, out: &str) -> Vec<String> {
     v
 }
 
-/// One coordinator run on host 0.
+/// One coordinator run on host 0. Not `--quiet`: its summary (with the
+/// reason of every fallback) goes to the run's log after the timed part.
 pub fn coordinator(
     bin: &str,
     a: &RpcArgs,
@@ -158,7 +159,6 @@ pub fn coordinator(
         &groups.to_string(),
         "--json",
         json_out,
-        "--quiet",
     ] {
         v.push(w.to_string());
     }
@@ -317,7 +317,7 @@ mod tests {
             "ip netns exec xtb-h0 /p run --model /m.gguf \
              --servers 10.77.0.2:50052,10.77.0.3:50052,10.77.0.4:50052,10.77.0.5:50052 \
              --tensor-split 1,1,1,1 --arm direct --streams 8 --prompt-len 8 --tokens 32 \
-             --groups 3 --json /o.json --quiet"
+             --groups 3 --json /o.json"
         );
         let m = make_model("/p", &a, "/m.gguf").join(" ");
         assert!(

@@ -235,6 +235,11 @@ fn tail(path: &Path, lines: usize) -> String {
     v[v.len().saturating_sub(lines)..].join("\n")
 }
 
+/// The coordinator's distinct fallback reasons in a run's log.
+fn fallback_reasons(log: &Path) -> Vec<String> {
+    report::fallback_reasons(&std::fs::read_to_string(log).unwrap_or_default())
+}
+
 struct Outcome {
     samples: Vec<Sample>,
     failures: Vec<String>,
@@ -308,6 +313,11 @@ fn run_all(
                         String::new()
                     }
                 );
+                if s.fallbacks > 0 {
+                    for reason in fallback_reasons(&log) {
+                        eprintln!("    {reason}");
+                    }
+                }
                 o.samples.push(s);
             }
             Err(e) => {

@@ -261,6 +261,27 @@ pub fn token_mismatches(samples: &[Sample]) -> Vec<String> {
         .collect()
 }
 
+/// The distinct fallback reasons in a coordinator's summary output: its
+/// `fallback: boundary N FROM -> TO: REASON` lines without the boundary
+/// number (the same reason usually repeats for every boundary), and its
+/// count of direct copies that went through the hub.
+pub fn fallback_reasons(text: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for l in text.lines().map(str::trim) {
+        let reason = if let Some(rest) = l.strip_prefix("fallback: boundary ") {
+            rest.split_once(' ').map_or(rest, |(_, r)| r).to_string()
+        } else if l.starts_with("direct copies that went through the hub") {
+            l.to_string()
+        } else {
+            continue;
+        };
+        if !out.contains(&reason) {
+            out.push(reason);
+        }
+    }
+    out
+}
+
 fn bytes(n: f64) -> String {
     if !n.is_finite() {
         "-".into()
@@ -485,6 +506,24 @@ mod tests {
             out.push(Sample::from_report(run, &json::parse(&text)?)?);
         }
         Ok(out)
+    }
+
+    #[test]
+    fn fallback_reasons_are_read_once_each() {
+        let log = "arm engine (used: direct)\n\
+            fallback: boundary 0 engine -> direct: no engine path yet\n\
+            fallback: boundary 1 engine -> direct: no engine path yet\n\
+            fallback: boundary 2 direct -> hub: 10.0.0.3:1 refused\n\
+            direct copies that went through the hub: 3\n";
+        assert_eq!(
+            fallback_reasons(log),
+            [
+                "engine -> direct: no engine path yet",
+                "direct -> hub: 10.0.0.3:1 refused",
+                "direct copies that went through the hub: 3"
+            ]
+        );
+        assert!(fallback_reasons("tokens md5 x\n").is_empty());
     }
 
     #[test]
