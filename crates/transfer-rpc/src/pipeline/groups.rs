@@ -5,7 +5,7 @@
 //!
 //! Connections per server: G from the coordinator, plus (direct arm) up to
 //! G peer connections from the previous stage's server (one per source
-//! session), plus a short-lived probe per peer connection. Well under the
+//! session). Well under the
 //! default `max_connections` (64) for the group counts benchmarked; a
 //! server at its limit leaves new connections in the accept queue, where a
 //! direct copy's handshake times out (`peer_connect_timeout`) and that
