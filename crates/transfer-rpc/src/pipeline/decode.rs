@@ -198,8 +198,8 @@ impl Pipeline {
     }
 
     /// Step inputs shared by all stages at position `pos`: positions, KV
-    /// cells (stream b owns cells `b*ctx .. (b+1)*ctx`) and the mask (a token
-    /// of stream b sees its own stream's cells up to `pos`).
+    /// cells (stream b owns cells `b*ctx .. (b+1)*ctx`) and the mask (one
+    /// row per stream over its own cells: those up to `pos` are visible).
     fn step_inputs(&self, pos: u32) -> (Vec<u8>, Vec<u8>, Vec<u8>) {
         let b = self.streams as usize;
         let ctx = self.ctx as usize;
@@ -208,14 +208,11 @@ impl Pipeline {
         let cells = (0..b)
             .flat_map(|s| ((s * ctx + p) as i64).to_le_bytes())
             .collect();
-        let kv = b * ctx;
-        let mut mask = Vec::with_capacity(kv * b * 2);
-        for s in 0..b {
-            for j in 0..kv {
-                let visible = j / ctx == s && j % ctx <= p;
-                mask.extend_from_slice(
-                    &(if visible { F16_ZERO } else { F16_NEG_INF }).to_le_bytes(),
-                );
+        let mut mask = Vec::with_capacity(ctx * b * 2);
+        for _stream in 0..b {
+            for j in 0..ctx {
+                let v = if j <= p { F16_ZERO } else { F16_NEG_INF };
+                mask.extend_from_slice(&v.to_le_bytes());
             }
         }
         (positions, cells, mask)

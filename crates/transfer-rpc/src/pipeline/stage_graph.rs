@@ -5,9 +5,13 @@
 //! the stage's remote buffers and serialised to a [`GraphPayload`].
 //!
 //! The graph has one shape for every step: `n_tokens` = B tokens (one per
-//! stream), a KV cache of `kv_size` = B × ctx cells per layer, and a mask
-//! that isolates the streams and hides future cells. So the server keeps
-//! it and every later step is a GRAPH_RECOMPUTE with new inputs.
+//! stream), a KV cache of B × ctx cells per layer split into one stream of
+//! ctx cells per decode stream (llama.cpp's non-unified layout: attention
+//! runs per stream, so streams cannot see each other), and a mask of B × ctx
+//! entries that hides the cells not written yet. So the server keeps the
+//! graph and every later step is a GRAPH_RECOMPUTE with new inputs. (A
+//! unified cache would need a B × B·ctx mask: 4 MB per stage and step at
+//! B = 32, ctx = 2048, against 128 KB here.)
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::CString;
@@ -46,7 +50,8 @@ pub struct StageShape {
     pub is_last: bool,
     /// Tokens per step (B streams, one token each).
     pub n_tokens: u32,
-    /// KV cells per layer (B × context).
+    /// KV cells per layer (B × context; stream b owns cells
+    /// `b*ctx .. (b+1)*ctx`).
     pub kv_size: u32,
 }
 
@@ -78,7 +83,8 @@ pub struct StageGraph {
     pub pos: RpcTensor,
     /// KV cell of each token: I64 `[n_tokens]`.
     pub kv_idx: RpcTensor,
-    /// Attention mask: F16 `[kv_size, n_tokens]`.
+    /// Attention mask: F16 `[ctx, 1, 1, n_tokens]`, one row per stream
+    /// over its own `ctx` cells.
     pub mask: RpcTensor,
     /// Output: hidden state F32 `[n_embd, n_tokens]`, or logits F32
     /// `[n_vocab, n_tokens]` on the last stage.
@@ -243,7 +249,11 @@ pub fn build_stage(
     output_name: &str,
 ) -> Result<BuiltStage> {
     let n_layers = shape.layers.len();
-    if n_layers == 0 || shape.n_tokens == 0 || shape.kv_size < shape.n_tokens {
+    if n_layers == 0
+        || shape.n_tokens == 0
+        || shape.kv_size < shape.n_tokens
+        || shape.kv_size % shape.n_tokens != 0
+    {
         return fail(format!("bad stage shape {shape:?}"));
     }
     let graph_size = 64 * n_layers + 64;
@@ -288,6 +298,9 @@ pub fn build_stage(
     let n_head_kv = i64::from(hp.n_head_kv);
     let n_embd_kv = i64::from(hp.n_embd_kv());
     let kv = i64::from(shape.kv_size);
+    // One token per stream per step.
+    let ns = t;
+    let cells = kv / ns;
     let f16_row = |n: i64| -> usize {
         // SAFETY: pure size computation for a known type.
         unsafe { sys::ggml_row_size(sys::GGML_TYPE_F16, n) }
@@ -316,7 +329,7 @@ pub fn build_stage(
     let mask = b.leaf(
         BufferKind::State,
         sys::GGML_TYPE_F16,
-        [kv, t, 1, 1],
+        [cells, t / ns, 1, ns],
         "inp_kq_mask",
     )?;
 
@@ -414,49 +427,39 @@ pub fn build_stage(
             )?;
             let set_v = checked(sys::ggml_set_rows(raw, v_cache, v2, kv_idx), "set_rows v")?;
             b.expand(set_v);
-            // get_k / get_v: all cells of the one (unified) stream.
-            let kk = checked(
-                sys::ggml_view_4d(
-                    raw,
-                    k_cache,
-                    hd,
-                    n_head_kv,
-                    kv,
-                    1,
-                    f16_row(hd),
-                    f16_row(n_embd_kv),
-                    f16_row(n_embd_kv * kv),
-                    0,
-                ),
-                "k cache view",
-            )?;
-            let vv = checked(
-                sys::ggml_view_4d(
-                    raw,
-                    v_cache,
-                    hd,
-                    n_head_kv,
-                    kv,
-                    1,
-                    f16_row(hd),
-                    f16_row(n_embd_kv),
-                    f16_row(n_embd_kv * kv),
-                    0,
-                ),
-                "v cache view",
-            )?;
-            // build_attn_mha with one stream.
+            // get_k / get_v: one KV stream per decode stream (llama.cpp's
+            // layout without kv_unified), `cells` cells each.
+            let cache_view = |cache: T, what: &str| {
+                checked(
+                    sys::ggml_view_4d(
+                        raw,
+                        cache,
+                        hd,
+                        n_head_kv,
+                        cells,
+                        ns,
+                        f16_row(hd),
+                        f16_row(n_embd_kv),
+                        f16_row(n_embd_kv * cells),
+                        0,
+                    ),
+                    what,
+                )
+            };
+            let kk = cache_view(k_cache, "k cache view")?;
+            let vv = cache_view(v_cache, "v cache view")?;
+            // build_attn_mha: split the batch into its streams.
             let q4 = checked(
                 sys::ggml_view_4d(
                     raw,
                     q,
                     (*q).ne[0],
                     (*q).ne[1],
-                    (*q).ne[2],
-                    1,
+                    (*q).ne[2] / ns,
+                    ns,
                     (*q).nb[1],
                     (*q).nb[2],
-                    (*q).nb[2] * (*q).ne[2] as usize,
+                    (*q).nb[2] * ((*q).ne[2] / ns) as usize,
                     0,
                 ),
                 "q streams",
