@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use super::boundary::{Arm, Boundary, Fallback};
 use super::counters::CounterTable;
-use super::model::LlamaModel;
+use super::model::{EmbeddingTable, LlamaModel};
 use super::placement::split_layers;
 use super::stage::{Stage, stage_error};
 use super::stage_graph::StageShape;
@@ -47,7 +47,7 @@ pub struct Pipeline {
     pub boundaries: Vec<Boundary>,
     /// Fallbacks chosen when the boundaries were negotiated.
     pub fallbacks: Vec<Fallback>,
-    token_embd: Vec<f32>,
+    token_embd: EmbeddingTable,
     n_embd: usize,
     n_vocab: usize,
     streams: u32,
@@ -179,20 +179,7 @@ impl Pipeline {
     fn embeddings(&self, tokens: &[i32]) -> Result<Vec<u8>> {
         let mut out = Vec::with_capacity(tokens.len() * self.n_embd * 4);
         for &t in tokens {
-            let row = usize::try_from(t)
-                .ok()
-                .filter(|&r| r < self.n_vocab)
-                .ok_or_else(|| {
-                    RpcError::refused(
-                        "embedding lookup",
-                        format!("token {t} outside the vocabulary"),
-                    )
-                })?;
-            let v = self
-                .token_embd
-                .get(row * self.n_embd..(row + 1) * self.n_embd)
-                .ok_or_else(|| RpcError::malformed("embedding lookup", "table too short"))?;
-            out.extend(v.iter().flat_map(|x| x.to_le_bytes()));
+            self.token_embd.append_row(t, &mut out)?;
         }
         Ok(out)
     }

@@ -3,7 +3,9 @@
 
 use std::path::Path;
 
-use super::gguf::{GgufFile, MetaValue, TensorInfo};
+use llama_cpp_sys_2 as sys;
+
+use super::gguf::{GgufFile, MetaValue, TensorInfo, tensor_nbytes};
 use crate::error::{Result, RpcError};
 use crate::validate::types::GGML_TYPE_F32;
 
@@ -199,12 +201,6 @@ impl LlamaModel {
     fn check_shapes(&self) -> Result<()> {
         let h = &self.hparams;
         self.expect("token_embd.weight", h.n_embd, h.n_vocab)?;
-        if self.tensor("token_embd.weight")?.ty != GGML_TYPE_F32 {
-            return Err(RpcError::refused(
-                CALL,
-                "token_embd.weight must be F32 (the coordinator looks embeddings up itself)",
-            ));
-        }
         self.expect("output_norm.weight", h.n_embd, 1)?;
         self.expect(&self.output_name, h.n_embd, h.n_vocab)?;
         for l in 0..h.n_layer {
@@ -230,14 +226,100 @@ impl LlamaModel {
         Ok(())
     }
 
-    /// The token embedding table as f32, `n_vocab` rows of `n_embd`.
-    pub fn read_token_embd(&mut self) -> Result<Vec<f32>> {
+    /// The token embedding table, kept as stored (rows are converted to
+    /// f32 when looked up, so a quantized table stays small).
+    pub fn read_token_embd(&mut self) -> Result<EmbeddingTable> {
         let info = self.tensor("token_embd.weight")?.clone();
-        let bytes = self.file.read_tensor(&info)?;
-        Ok(bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect())
+        let data = self.file.read_tensor(&info)?;
+        EmbeddingTable::new(info.ty, self.hparams.n_embd, self.hparams.n_vocab, data)
+    }
+}
+
+/// The token embedding table on the coordinator.
+#[derive(Debug, Clone)]
+pub struct EmbeddingTable {
+    ty: u32,
+    n_embd: usize,
+    n_vocab: usize,
+    row_bytes: usize,
+    to_float: sys::ggml_to_float_t,
+    data: Vec<u8>,
+}
+
+impl EmbeddingTable {
+    /// Wraps `n_vocab` rows of `n_embd` values of ggml type `ty`.
+    pub fn new(ty: u32, n_embd: u32, n_vocab: u32, data: Vec<u8>) -> Result<EmbeddingTable> {
+        let ne = [u64::from(n_embd), 1, 1, 1];
+        let row_bytes = usize::try_from(tensor_nbytes(ty, &ne)?)
+            .map_err(|_| RpcError::refused(CALL, "embedding row too large"))?;
+        if (row_bytes as u64).checked_mul(u64::from(n_vocab)) != Some(data.len() as u64) {
+            return Err(RpcError::malformed(
+                CALL,
+                "token_embd size does not match its shape",
+            ));
+        }
+        let to_float = if ty == GGML_TYPE_F32 {
+            None
+        } else {
+            // SAFETY: ggml_get_type_traits indexes a static table; `ty` is a
+            // type the GGUF reader knows (checked by tensor_nbytes above).
+            let traits = unsafe { sys::ggml_get_type_traits(ty) };
+            // SAFETY: non-null pointers from ggml_get_type_traits point into
+            // that static table.
+            let f = (!traits.is_null())
+                .then(|| unsafe { (*traits).to_float })
+                .flatten();
+            if f.is_none() {
+                return Err(RpcError::refused(
+                    CALL,
+                    format!("token_embd type {ty} has no conversion to f32"),
+                ));
+            }
+            f
+        };
+        Ok(EmbeddingTable {
+            ty,
+            n_embd: n_embd as usize,
+            n_vocab: n_vocab as usize,
+            row_bytes,
+            to_float,
+            data,
+        })
+    }
+
+    /// The ggml type of the stored rows.
+    pub fn ty(&self) -> u32 {
+        self.ty
+    }
+
+    /// Appends the embedding of `token` as little-endian f32 to `out`.
+    pub fn append_row(&self, token: i32, out: &mut Vec<u8>) -> Result<()> {
+        let row = usize::try_from(token)
+            .ok()
+            .filter(|&r| r < self.n_vocab)
+            .ok_or_else(|| {
+                RpcError::refused(
+                    "embedding lookup",
+                    format!("token {token} outside the vocabulary"),
+                )
+            })?;
+        let start = row * self.row_bytes;
+        let raw = self
+            .data
+            .get(start..start + self.row_bytes)
+            .ok_or_else(|| RpcError::malformed("embedding lookup", "table too short"))?;
+        match self.to_float {
+            None => out.extend_from_slice(raw),
+            Some(f) => {
+                let mut v = vec![0f32; self.n_embd];
+                // SAFETY: `raw` holds exactly one row of n_embd values of
+                // this type (row_bytes from ggml's own size rule) and `v`
+                // has room for n_embd floats.
+                unsafe { f(raw.as_ptr().cast(), v.as_mut_ptr(), self.n_embd as i64) };
+                out.extend(v.iter().flat_map(|x| x.to_le_bytes()));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -271,7 +353,12 @@ mod tests {
             (48, 20, 8, 16)
         );
         assert_eq!(m.output_name, "output.weight");
-        assert_eq!(m.read_token_embd()?.len(), 32 * 20);
+        let table = m.read_token_embd()?;
+        let mut row = Vec::new();
+        table.append_row(19, &mut row)?;
+        assert_eq!(row.len(), 32 * 4);
+        assert!(table.append_row(20, &mut row).is_err());
+        assert!(table.append_row(-1, &mut row).is_err());
         // Same seed, same bytes; another seed, other weights.
         let again = temp("again");
         spec.write(&again)?;
@@ -283,6 +370,24 @@ mod tests {
         for f in [p, again, other] {
             let _ = std::fs::remove_file(f);
         }
+        Ok(())
+    }
+
+    #[test]
+    fn f16_embedding_rows_are_converted() -> Result<()> {
+        // Two rows of two F16 values: [1, 0.5] and [-2, 0].
+        let bits: [u16; 4] = [0x3C00, 0x3800, 0xC000, 0x0000];
+        let data = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
+        let t = EmbeddingTable::new(1, 2, 2, data)?;
+        let mut out = Vec::new();
+        t.append_row(1, &mut out)?;
+        t.append_row(0, &mut out)?;
+        let got: Vec<f32> = out
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        assert_eq!(got, [-2.0, 0.0, 1.0, 0.5]);
+        assert!(EmbeddingTable::new(1, 2, 3, vec![0; 8]).is_err());
         Ok(())
     }
 
