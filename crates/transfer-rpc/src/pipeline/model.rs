@@ -135,6 +135,26 @@ impl LlamaModel {
         if n_rot != head_dim {
             return Err(RpcError::refused(CALL, "partial rotary dimensions"));
         }
+        // What the stage graph does not implement is refused rather than
+        // run with silently different numbers.
+        let scaling = file
+            .get("llama.rope.scaling.type")
+            .and_then(MetaValue::as_str)
+            .unwrap_or("none");
+        let factor = key_f32_or(&file, "llama.rope.scaling.factor", 1.0)?;
+        if (scaling != "none" && factor != 1.0) || file.tensor("rope_freqs.weight").is_some() {
+            return Err(RpcError::refused(CALL, "RoPE scaling / frequency factors"));
+        }
+        if key_f32_or(&file, "llama.attention.scale", 0.0)? != 0.0 {
+            return Err(RpcError::refused(CALL, "a custom attention scale"));
+        }
+        if file
+            .tensors
+            .iter()
+            .any(|t| t.name.ends_with(".bias") || t.name.ends_with("attn_qkv.weight"))
+        {
+            return Err(RpcError::refused(CALL, "bias or fused QKV tensors"));
+        }
         if file
             .get("llama.expert_count")
             .and_then(MetaValue::as_u64)
