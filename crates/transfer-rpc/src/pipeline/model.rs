@@ -204,7 +204,7 @@ impl LlamaModel {
             .ok_or_else(|| RpcError::malformed(CALL, format!("tensor {name} is missing")))
     }
 
-    fn expect(&self, name: &str, ne0: u32, ne1: u32) -> Result<()> {
+    fn expect_shape(&self, name: &str, ne0: u32, ne1: u32) -> Result<()> {
         let t = self.tensor(name)?;
         if t.ne != [u64::from(ne0), u64::from(ne1), 1, 1] {
             return Err(RpcError::malformed(
@@ -220,20 +220,20 @@ impl LlamaModel {
 
     fn check_shapes(&self) -> Result<()> {
         let h = &self.hparams;
-        self.expect("token_embd.weight", h.n_embd, h.n_vocab)?;
-        self.expect("output_norm.weight", h.n_embd, 1)?;
-        self.expect(&self.output_name, h.n_embd, h.n_vocab)?;
+        self.expect_shape("token_embd.weight", h.n_embd, h.n_vocab)?;
+        self.expect_shape("output_norm.weight", h.n_embd, 1)?;
+        self.expect_shape(&self.output_name, h.n_embd, h.n_vocab)?;
         for l in 0..h.n_layer {
             let n = |w: &str| layer_tensor_name(l, w);
-            self.expect(&n("attn_norm"), h.n_embd, 1)?;
-            self.expect(&n("attn_q"), h.n_embd, h.head_dim * h.n_head)?;
-            self.expect(&n("attn_k"), h.n_embd, h.n_embd_kv())?;
-            self.expect(&n("attn_v"), h.n_embd, h.n_embd_kv())?;
-            self.expect(&n("attn_output"), h.head_dim * h.n_head, h.n_embd)?;
-            self.expect(&n("ffn_norm"), h.n_embd, 1)?;
-            self.expect(&n("ffn_gate"), h.n_embd, h.n_ff)?;
-            self.expect(&n("ffn_up"), h.n_embd, h.n_ff)?;
-            self.expect(&n("ffn_down"), h.n_ff, h.n_embd)?;
+            self.expect_shape(&n("attn_norm"), h.n_embd, 1)?;
+            self.expect_shape(&n("attn_q"), h.n_embd, h.head_dim * h.n_head)?;
+            self.expect_shape(&n("attn_k"), h.n_embd, h.n_embd_kv())?;
+            self.expect_shape(&n("attn_v"), h.n_embd, h.n_embd_kv())?;
+            self.expect_shape(&n("attn_output"), h.head_dim * h.n_head, h.n_embd)?;
+            self.expect_shape(&n("ffn_norm"), h.n_embd, 1)?;
+            self.expect_shape(&n("ffn_gate"), h.n_embd, h.n_ff)?;
+            self.expect_shape(&n("ffn_up"), h.n_embd, h.n_ff)?;
+            self.expect_shape(&n("ffn_down"), h.n_ff, h.n_embd)?;
             for w in ["attn_norm", "ffn_norm"] {
                 if self.tensor(&n(w))?.ty != GGML_TYPE_F32 {
                     return Err(RpcError::refused(CALL, "norm weights must be F32"));
