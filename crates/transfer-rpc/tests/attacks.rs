@@ -389,6 +389,38 @@ fn computed_indices_are_deferred_to_the_backend() {
     assert_eq!(v.deferred_index_checks, vec![2]);
 }
 
+#[test]
+fn every_index_node_is_listed_for_a_run_time_check() {
+    let f = fixture();
+    // Indices in memory that no node writes: checked now (early refusal)
+    // and listed for the backend's check before the first node runs.
+    let v = f.graph(vec![3], get_rows_graph(&f, [0, 3])).unwrap();
+    assert_eq!(v.upfront_index_checks, vec![2]);
+    assert!(v.deferred_index_checks.is_empty());
+    let v = f.graph(vec![4], set_rows_graph(&f, [0, 3])).unwrap();
+    assert_eq!(v.upfront_index_checks, vec![3]);
+    assert!(v.deferred_index_checks.is_empty());
+
+    // A leaf index tensor whose bytes an earlier node writes (ADD into the
+    // index bytes at 128): what validation reads now is not what GET_ROWS
+    // will read, so the check is deferred to the point after that node.
+    let mut g = get_rows_graph(&f, [0, 3]);
+    g.push(add(&f, 5, 1, 1, 128));
+    let v = f.graph(vec![5, 3], g).unwrap();
+    assert!(v.upfront_index_checks.is_empty());
+    assert_eq!(v.deferred_index_checks, vec![2]);
+    // The same node listed after GET_ROWS cannot change what it reads.
+    let mut g = get_rows_graph(&f, [0, 3]);
+    g.push(add(&f, 5, 1, 1, 128));
+    let v = f.graph(vec![3, 5], g).unwrap();
+    assert_eq!(v.upfront_index_checks, vec![2]);
+    // An earlier node writing elsewhere does not defer the check.
+    let mut g = get_rows_graph(&f, [0, 3]);
+    g.push(add(&f, 5, 1, 1, 1024));
+    let v = f.graph(vec![5, 3], g).unwrap();
+    assert_eq!(v.upfront_index_checks, vec![2]);
+}
+
 // ---- live server ----------------------------------------------------------
 
 /// Builds the attack bytes from the attacker's own `(handle, base)`.

@@ -5,9 +5,14 @@ use crate::error::{Result, RpcError};
 use crate::validate::ValidatedGraph;
 
 /// Runs validated graphs on a device. Implementations receive graphs that
-/// passed [`crate::validate::validate_graph`]; they must still range-check
-/// the indices listed in `ValidatedGraph::deferred_index_checks` at run
-/// time, and must refuse (not abort on) shapes their kernels cannot take.
+/// passed [`crate::validate::validate_graph`], for GRAPH_COMPUTE and again
+/// (the stored graph) for every GRAPH_RECOMPUTE. On every call they must
+/// range-check the indices of `ValidatedGraph::upfront_index_checks` and
+/// `ValidatedGraph::deferred_index_checks` against current memory, holding
+/// the graph's buffers locked from the checks until the last node ran (a
+/// buffer handle is a capability: another session may write the indices
+/// between validation and the run), and must refuse (not abort on) shapes
+/// their kernels cannot take.
 pub trait ComputeBackend: Send + Sync {
     /// Short name for logs.
     fn name(&self) -> &str;

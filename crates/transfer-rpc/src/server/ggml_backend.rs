@@ -5,9 +5,20 @@
 //! [`crate::validate::op_shapes`], asks ggml whether it supports every
 //! node, write-locks every buffer the graph touches, rebuilds the tensors
 //! in a no-alloc ggml context pointing into those buffers, and runs the
-//! nodes. GET_ROWS / SET_ROWS whose indices are computed inside the graph
-//! split it: the nodes before run first, then the indices are range-checked
-//! in memory, then the rest runs.
+//! nodes. Every GET_ROWS / SET_ROWS index tensor is range-checked in the
+//! locked memory on every execution (GRAPH_COMPUTE and GRAPH_RECOMPUTE
+//! alike): those no node writes before the first node runs; those an
+//! earlier node may write (computed indices) split the graph: the nodes
+//! before run first, then the indices are checked, then the rest runs.
+//!
+//! The buffer write locks are taken before the first check and released
+//! after the last node, so no other session's SET_TENSOR, SET_TENSOR_HASH,
+//! MEMSET_TENSOR, BUFFER_CLEAR or COPY_TENSOR (nor a peer's direct copy,
+//! which arrives as SET_TENSOR) can change an index between its check and
+//! the kernel that reads it. Residual risk (feature `engine` only): a
+//! remote engine peer given an ENGINE_OPEN_INBOUND lane on a buffer writes
+//! it with the NIC, outside these locks; if a lane covers index bytes of a
+//! running graph, that peer can change them after the check.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -276,6 +287,9 @@ impl GgmlCpuBackend {
                 .filter_map(|c| c.placement.map(|(r, _)| (r.handle, r)))
                 .collect(),
         };
+        for &node in &g.upfront_index_checks {
+            check_index_node(g, node, &lookup, &self.limits)?;
+        }
         let mut start = 0usize;
         let cuts: Vec<usize> = g
             .deferred_index_checks

@@ -1,12 +1,19 @@
 //! GRAPH_COMPUTE checks: every id resolvable, no cycles, ops in range, custom
 //! ops refused, source arity, GET_ROWS / SET_ROWS shapes and (when the index
 //! data already sits in memory) index ranges.
+//!
+//! Index ranges checked here are an early refusal only: index tensors live
+//! in buffers that any session holding the handle may write, and a stored
+//! graph runs again on GRAPH_RECOMPUTE. So every index node is also listed
+//! for a run-time check ([`ValidatedGraph::upfront_index_checks`],
+//! [`ValidatedGraph::deferred_index_checks`]) that a compute backend makes
+//! on every execution, against the memory it holds locked while it runs.
 
 use std::collections::{HashMap, HashSet};
 
 use super::ops::{
-    GGML_GLU_OP_COUNT, GGML_OP_COUNT, GGML_OP_GET_ROWS, GGML_OP_GLU, GGML_OP_NONE,
-    GGML_OP_SET_ROWS, GGML_OP_UNARY, GGML_UNARY_OP_COUNT, is_custom,
+    GGML_GLU_OP_COUNT, GGML_OP_COUNT, GGML_OP_GET_ROWS, GGML_OP_GLU, GGML_OP_SET_ROWS,
+    GGML_OP_UNARY, GGML_UNARY_OP_COUNT, is_custom,
 };
 use super::tensor::{BufferLookup, CheckedTensor, check_tensor, check_view};
 use super::types::{GGML_TYPE_F16, GGML_TYPE_F32, GGML_TYPE_I32, GGML_TYPE_I64};
@@ -26,6 +33,12 @@ pub struct GraphLimits {
     /// Most index elements read to check GET_ROWS / SET_ROWS ranges.
     pub max_index_elements: u64,
 }
+
+/// Most (index tensor, earlier node) extent pairs compared to decide which
+/// index checks can run before the first node; past it every index node is
+/// checked right before it runs (always safe, only more segments). Bounds
+/// validation work for graphs with many index nodes in one buffer.
+const MAX_OVERLAP_COMPARISONS: u64 = 1 << 22;
 
 impl Default for GraphLimits {
     fn default() -> Self {
@@ -52,8 +65,17 @@ pub struct ValidatedGraph {
     pub srcs: Vec<[Option<usize>; MAX_SRC]>,
     /// View source of each tensor as an index.
     pub view_src: Vec<Option<usize>>,
-    /// GET_ROWS / SET_ROWS nodes whose index tensor is computed inside the
-    /// graph: a compute backend must range-check those indices at run time.
+    /// GET_ROWS / SET_ROWS nodes whose index bytes no earlier node of the
+    /// graph writes: a compute backend must range-check them (with
+    /// [`check_index_node`]) against current memory before it runs the
+    /// first node, on every execution (GRAPH_COMPUTE and GRAPH_RECOMPUTE),
+    /// while it holds the buffers locked for the run.
+    pub upfront_index_checks: Vec<usize>,
+    /// GET_ROWS / SET_ROWS nodes whose index bytes an earlier node may
+    /// write (indices computed inside the graph, or memory aliased by a
+    /// node): a compute backend must run the nodes before each of them,
+    /// then range-check its indices, on every execution, under the same
+    /// locks. In execution order.
     pub deferred_index_checks: Vec<usize>,
 }
 
@@ -154,27 +176,29 @@ pub fn validate_graph(
 
     check_acyclic(&srcs, &view_src)?;
 
+    let mut upfront = Vec::new();
     let mut deferred = Vec::new();
-    for &n in &nodes {
+    let mut writes = WrittenExtents::new(&checked, &nodes);
+    for (pos, &n) in nodes.iter().enumerate() {
         let t = &g.tensors[n];
         let ix = match t.op {
             GGML_OP_GET_ROWS => check_get_rows(&g.tensors, n, &srcs[n])?,
             GGML_OP_SET_ROWS => check_set_rows(&g.tensors, n, &srcs[n])?,
             _ => continue,
         };
-        let it = &g.tensors[ix];
-        let in_memory = it.op == GGML_OP_NONE && it.view_src == 0 && !node_set.contains(&ix);
-        if !in_memory {
+        if writes.written_before(&checked[ix], pos) {
             deferred.push(n);
             continue;
         }
+        // Early refusal; the backend checks again under its locks.
         check_indices(
-            it,
+            &g.tensors[ix],
             &checked[ix],
             lookup,
             limits,
             row_bound(&g.tensors, n, &srcs[n]),
         )?;
+        upfront.push(n);
     }
 
     Ok(ValidatedGraph {
@@ -184,8 +208,62 @@ pub fn validate_graph(
         nodes,
         srcs,
         view_src,
+        upfront_index_checks: upfront,
         deferred_index_checks: deferred,
     })
+}
+
+/// The byte ranges the nodes of a graph write, by buffer, to find index
+/// tensors whose bytes an earlier node may change. Every op a backend
+/// accepts writes only inside its own tensor's extent (`op_shapes`), so a
+/// node's extent bounds what it writes; view nodes write nothing but are
+/// counted too (conservative: at worst one more checked segment).
+struct WrittenExtents {
+    /// Per buffer handle: (node position, start, end) of each node.
+    by_buffer: HashMap<u64, Vec<(usize, u64, u64)>>,
+    /// Comparisons left before every remaining check is deferred.
+    budget: u64,
+}
+
+impl WrittenExtents {
+    fn new(checked: &[CheckedTensor], nodes: &[usize]) -> Self {
+        let mut by_buffer: HashMap<u64, Vec<(usize, u64, u64)>> = HashMap::new();
+        for (pos, &n) in nodes.iter().enumerate() {
+            if let Some((region, start)) = checked[n].placement {
+                let end = start.saturating_add(checked[n].nbytes);
+                by_buffer
+                    .entry(region.handle)
+                    .or_default()
+                    .push((pos, start, end));
+            }
+        }
+        WrittenExtents {
+            by_buffer,
+            budget: MAX_OVERLAP_COMPARISONS,
+        }
+    }
+
+    /// True when a node at a position before `pos` may write bytes of the
+    /// tensor `c` (or when that cannot be decided within the budget).
+    fn written_before(&mut self, c: &CheckedTensor, pos: usize) -> bool {
+        let Some((region, start)) = c.placement else {
+            return true;
+        };
+        let end = start.saturating_add(c.nbytes);
+        let Some(extents) = self.by_buffer.get(&region.handle) else {
+            return false;
+        };
+        // Extents are in node order: only the prefix before `pos` matters.
+        let earlier = extents.partition_point(|&(p, _, _)| p < pos);
+        let cost = earlier as u64;
+        if cost > self.budget {
+            return true;
+        }
+        self.budget -= cost;
+        extents[..earlier]
+            .iter()
+            .any(|&(_, s, e)| s < end && start < e)
+    }
 }
 
 /// Rows an index of GET_ROWS / SET_ROWS node `n` may address.
@@ -197,8 +275,10 @@ fn row_bound(ts: &[RpcTensor], n: usize, s: &[Option<usize>; MAX_SRC]) -> i64 {
 }
 
 /// Range-checks the indices of GET_ROWS / SET_ROWS node `n` (an index into
-/// `g.tensors`) from memory. A backend calls this for every entry of
-/// `deferred_index_checks` after computing the nodes before it.
+/// `g.tensors`) from memory. A backend calls this on every execution, with
+/// the graph's buffers locked: for every entry of `upfront_index_checks`
+/// before the first node, and for every entry of `deferred_index_checks`
+/// after computing the nodes before it.
 pub fn check_index_node(
     g: &ValidatedGraph,
     n: usize,
