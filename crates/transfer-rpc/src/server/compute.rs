@@ -11,8 +11,10 @@ use crate::validate::ValidatedGraph;
 /// `ValidatedGraph::deferred_index_checks` against current memory, holding
 /// the graph's buffers locked from the checks until the last node ran (a
 /// buffer handle is a capability: another session may write the indices
-/// between validation and the run), and must refuse (not abort on) shapes
-/// their kernels cannot take.
+/// between validation and the run). Engine NIC writes (feature `engine`)
+/// ignore those locks, so the kernels must read a checked private copy of
+/// the indices, not the shared buffer (as `GgmlCpuBackend` does).
+/// They must refuse (not abort on) shapes their kernels cannot take.
 pub trait ComputeBackend: Send + Sync {
     /// Short name for logs.
     fn name(&self) -> &str;

@@ -15,10 +15,12 @@
 //! after the last node, so no other session's SET_TENSOR, SET_TENSOR_HASH,
 //! MEMSET_TENSOR, BUFFER_CLEAR or COPY_TENSOR (nor a peer's direct copy,
 //! which arrives as SET_TENSOR) can change an index between its check and
-//! the kernel that reads it. Residual risk (feature `engine` only): a
-//! remote engine peer given an ENGINE_OPEN_INBOUND lane on a buffer writes
-//! it with the NIC, outside these locks; if a lane covers index bytes of a
-//! running graph, that peer can change them after the check.
+//! the kernel that reads it. One writer ignores those locks: with feature
+//! `engine`, a remote peer given an ENGINE_OPEN_INBOUND lane on a buffer
+//! writes it with the NIC at any time. So the kernels do not read indices
+//! from the shared buffers at all: each check reads the indices into a
+//! private copy, checks the copy, and the GET_ROWS / SET_ROWS node reads
+//! that copy ([`PinnedIndices`]).
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -30,7 +32,9 @@ use super::compute::ComputeBackend;
 use super::registry::{BufferRegistry, LockedMemory};
 use crate::error::{Result, RpcError};
 use crate::validate::op_shapes::check_graph_ops;
-use crate::validate::{BufferLookup, GraphLimits, Region, ValidatedGraph, check_index_node};
+use crate::validate::{
+    BufferLookup, GraphLimits, Region, ValidatedGraph, check_index_bytes, index_tensor,
+};
 
 const CALL: &str = "GRAPH_COMPUTE (ggml)";
 
@@ -124,6 +128,111 @@ impl BufferLookup for LockedLookup<'_> {
     }
 }
 
+/// 64 bytes aligned like ggml's tensor data (`TENSOR_ALIGNMENT` is 32).
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct IndexBlock([u8; 64]);
+
+/// Private, checked copies of index tensors that GET_ROWS / SET_ROWS read
+/// instead of the shared buffer: what a kernel reads is exactly what was
+/// checked, whoever writes the buffer after the check (an engine peer's
+/// NIC write, outside the buffer locks, included).
+struct PinnedIndices {
+    copies: Vec<Vec<IndexBlock>>,
+    /// Index elements that may still be copied in this execution: bounds
+    /// the memory the copies hold.
+    elements_left: u64,
+}
+
+impl PinnedIndices {
+    /// Reads the indices of index node `node` from locked memory, checks
+    /// them, keeps the checked copy and points the node's index source at
+    /// it (a new tensor of `ctx` in a ggml buffer wrapping the copy).
+    #[allow(clippy::too_many_arguments)]
+    fn pin(
+        &mut self,
+        g: &ValidatedGraph,
+        node: usize,
+        lookup: &LockedLookup<'_>,
+        limits: &GraphLimits,
+        ctx: *mut sys::ggml_context,
+        ptrs: &[*mut sys::ggml_tensor],
+        scratch: &mut Scratch,
+    ) -> Result<()> {
+        let ix = index_tensor(g, node)?;
+        let (t, c) = (&g.tensors[ix], &g.checked[ix]);
+        let elements: u64 = t.ne.iter().map(|&d| u64::from(d)).product();
+        if elements > self.elements_left {
+            return Err(RpcError::refused(
+                CALL,
+                format!(
+                    "the graph's index tensors hold more than {} elements in total",
+                    limits.max_index_elements
+                ),
+            ));
+        }
+        self.elements_left -= elements;
+        let Some((region, start)) = c.placement else {
+            return fail("index tensor without a buffer");
+        };
+        let Some(bytes) = lookup.read(region.handle, start, c.nbytes) else {
+            return fail("index tensor could not be read");
+        };
+        check_index_bytes(g, node, &bytes, limits)?;
+        let mut copy = vec![IndexBlock([0; 64]); bytes.len().div_ceil(64).max(1)];
+        // SAFETY: `copy` holds at least bytes.len() bytes (whole blocks of
+        // plain bytes); the two allocations are distinct.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                copy.as_mut_ptr().cast::<u8>(),
+                bytes.len(),
+            );
+        }
+        let len = copy.len() * 64;
+        let data = copy.as_mut_ptr().cast::<c_void>();
+        // Moving `copy` into `copies` keeps its heap block where it is.
+        self.copies.push(copy);
+        // SAFETY: `data` is 64-byte aligned, `len` bytes long, and outlives
+        // the wrapper (`copies` is dropped after `scratch`, which frees it).
+        let buf = unsafe { sys::ggml_backend_cpu_buffer_from_ptr(data, len) };
+        if buf.is_null() {
+            return fail("ggml_backend_cpu_buffer_from_ptr failed");
+        }
+        scratch.buffers.push(buf);
+        // SAFETY: ctx is live and was sized with one extra tensor per index
+        // node; the type and shape were validated.
+        let p = unsafe {
+            sys::ggml_new_tensor_4d(
+                ctx,
+                t.ty,
+                i64::from(t.ne[0]),
+                i64::from(t.ne[1]),
+                i64::from(t.ne[2]),
+                i64::from(t.ne[3]),
+            )
+        };
+        if p.is_null() {
+            return fail("ggml_new_tensor_4d failed");
+        }
+        let Some(&consumer) = ptrs.get(node) else {
+            return fail("index node out of range");
+        };
+        // SAFETY: p and consumer are live tensors of ctx; the copy holds the
+        // index tensor's whole extent (`nbytes` under the same strides).
+        unsafe {
+            let tp = &mut *p;
+            for k in 0..4 {
+                tp.nb[k] = t.nb[k] as usize;
+            }
+            tp.buffer = buf;
+            tp.data = data;
+            (*consumer).src[1] = p;
+        }
+        Ok(())
+    }
+}
+
 impl ComputeBackend for GgmlCpuBackend {
     fn name(&self) -> &str {
         "ggml-cpu"
@@ -167,10 +276,12 @@ impl GgmlCpuBackend {
     ) -> Result<()> {
         let n = g.tensors.len();
         let segments = g.deferred_index_checks.len() + 1;
+        let index_nodes = g.upfront_index_checks.len() + g.deferred_index_checks.len();
         // SAFETY: pure size computations.
         let mem_size =
             unsafe {
-                n.saturating_mul(sys::ggml_tensor_overhead())
+                n.saturating_add(index_nodes)
+                    .saturating_mul(sys::ggml_tensor_overhead())
                     .saturating_add(segments.saturating_mul(sys::ggml_graph_overhead_custom(
                         g.nodes.len().max(1),
                         false,
@@ -181,6 +292,12 @@ impl GgmlCpuBackend {
             mem_size,
             mem_buffer: std::ptr::null_mut(),
             no_alloc: true,
+        };
+        // Declared before `scratch`, so dropped after the ggml buffers that
+        // wrap these copies.
+        let mut pinned = PinnedIndices {
+            copies: Vec::new(),
+            elements_left: self.limits.max_index_elements,
         };
         // SAFETY: ggml_init with no_alloc only allocates its own arena; null checked.
         let ctx = unsafe { sys::ggml_init(params) };
@@ -288,24 +405,36 @@ impl GgmlCpuBackend {
                 .collect(),
         };
         for &node in &g.upfront_index_checks {
-            check_index_node(g, node, &lookup, &self.limits)?;
+            pinned.pin(g, node, &lookup, &self.limits, ctx, &ptrs, &mut scratch)?;
         }
-        let mut start = 0usize;
-        let cuts: Vec<usize> = g
+        let position: HashMap<usize, usize> =
+            g.nodes.iter().enumerate().map(|(p, &t)| (t, p)).collect();
+        let mut cuts: Vec<usize> = g
             .deferred_index_checks
             .iter()
-            .filter_map(|d| g.nodes.iter().position(|x| x == d))
+            .filter_map(|d| position.get(d).copied())
             .collect();
+        cuts.sort_unstable();
+        let mut start = 0usize;
         for end in cuts.iter().copied().chain(std::iter::once(g.nodes.len())) {
             if end > start {
                 self.compute_range(be, ctx, &ptrs, &g.nodes[start..end])?;
                 start = end;
             }
             if end < g.nodes.len() {
-                check_index_node(g, g.nodes[end], &lookup, &self.limits)?;
+                pinned.pin(
+                    g,
+                    g.nodes[end],
+                    &lookup,
+                    &self.limits,
+                    ctx,
+                    &ptrs,
+                    &mut scratch,
+                )?;
             }
         }
         drop(scratch);
+        drop(pinned);
         Ok(())
     }
 

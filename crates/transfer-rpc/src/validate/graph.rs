@@ -285,9 +285,7 @@ pub fn check_index_node(
     lookup: &dyn BufferLookup,
     limits: &GraphLimits,
 ) -> Result<()> {
-    let Some(ix) = g.srcs.get(n).and_then(|s| s[1]) else {
-        return refuse("index node without indices");
-    };
+    let ix = index_tensor(g, n)?;
     check_indices(
         &g.tensors[ix],
         &g.checked[ix],
@@ -295,6 +293,44 @@ pub fn check_index_node(
         limits,
         row_bound(&g.tensors, n, &g.srcs[n]),
     )
+}
+
+/// The index tensor (an index into `g.tensors`) of GET_ROWS / SET_ROWS
+/// node `n`.
+pub fn index_tensor(g: &ValidatedGraph, n: usize) -> Result<usize> {
+    match g.srcs.get(n).and_then(|s| s[1]) {
+        Some(ix) if ix < g.tensors.len() => Ok(ix),
+        _ => refuse("index node without indices"),
+    }
+}
+
+/// Range-checks `bytes`, the index tensor's `nbytes` as read from memory,
+/// as the indices of GET_ROWS / SET_ROWS node `n`. For a backend that
+/// checks a private copy and hands that copy to the kernel.
+pub fn check_index_bytes(
+    g: &ValidatedGraph,
+    n: usize,
+    bytes: &[u8],
+    limits: &GraphLimits,
+) -> Result<()> {
+    let ix = index_tensor(g, n)?;
+    let t = &g.tensors[ix];
+    if index_elements(t) > limits.max_index_elements {
+        return refuse(format!(
+            "{} indices exceed the check limit",
+            index_elements(t)
+        ));
+    }
+    check_index_values(
+        t,
+        &g.checked[ix],
+        bytes,
+        row_bound(&g.tensors, n, &g.srcs[n]),
+    )
+}
+
+fn index_elements(t: &RpcTensor) -> u64 {
+    t.ne.iter().map(|&n| u64::from(n)).product()
 }
 
 fn check_op(t: &RpcTensor) -> Result<()> {
@@ -421,7 +457,7 @@ fn check_indices(
     limits: &GraphLimits,
     bound: i64,
 ) -> Result<()> {
-    let elements: u64 = t.ne.iter().map(|&n| u64::from(n)).product();
+    let elements = index_elements(t);
     if elements > limits.max_index_elements {
         return refuse(format!("{elements} indices exceed the check limit"));
     }
@@ -434,6 +470,15 @@ fn check_indices(
     let Some(bytes) = lookup.read(region.handle, start, c.nbytes) else {
         return refuse("index tensor could not be read");
     };
+    check_index_values(t, c, &bytes, bound)
+}
+
+/// Checks `0 <= index < bound` for every element of index tensor `t`,
+/// whose `c.nbytes` bytes are `bytes`.
+fn check_index_values(t: &RpcTensor, c: &CheckedTensor, bytes: &[u8], bound: i64) -> Result<()> {
+    if index_elements(t) == 0 {
+        return Ok(());
+    }
     let width = c.info.type_size as usize;
     for i3 in 0..u64::from(t.ne[3]) {
         for i2 in 0..u64::from(t.ne[2]) {

@@ -8,6 +8,8 @@ pub mod ops;
 pub mod tensor;
 pub mod types;
 
-pub use graph::{GraphLimits, ValidatedGraph, check_index_node, validate_graph};
+pub use graph::{
+    GraphLimits, ValidatedGraph, check_index_bytes, check_index_node, index_tensor, validate_graph,
+};
 pub use tensor::{BufferLookup, CheckedTensor, Region, check_shape, check_tensor, nbytes};
 pub use types::{TypeInfo, type_info};
