@@ -164,6 +164,7 @@ fn spec(endpoints: Vec<String>, arm: Arm, groups: usize) -> RunSpec {
         groups,
         client: ClientConfig::default(),
         keep_logits: true,
+        engine_wait_ms: 10_000,
     }
 }
 
@@ -358,6 +359,7 @@ fn a_server_dying_mid_run_is_an_error_naming_its_stage() {
                 streams: STREAMS,
                 ctx: 16,
                 client: ClientConfig::default(),
+                engine_wait_ms: 10_000,
             },
         )
         .unwrap();
@@ -377,6 +379,170 @@ fn a_server_dying_mid_run_is_an_error_naming_its_stage() {
                 assert_eq!((stage, &server), (dying, &dead), "{arm}");
             }
             other => panic!("{arm}: expected a stage error, got {other:?}"),
+        }
+    }
+}
+
+/// The engine arm: servers with a TransferEngine over libfabric's tcp
+/// provider on loopback (skipped with a printed reason where libfabric
+/// cannot open it).
+#[cfg(feature = "engine")]
+mod engine_arm {
+    use super::*;
+    use transfer_rpc::engine_link::{EngineLink, EngineLinkConfig};
+    use transfer_rpc::pipeline::{BoundaryPath, LlamaModel, Pipeline, PipelineConfig};
+    use transfer_rpc::protocol::engine::CloseKind;
+
+    /// A server with its own engine, or `None` (reason printed).
+    fn engine_server() -> Option<ServerHandle> {
+        let link = match EngineLink::open(EngineLinkConfig::loopback("tcp")) {
+            Ok(l) => l,
+            Err(e) => {
+                println!("skipped: cannot open a libfabric tcp engine: {e}");
+                return None;
+            }
+        };
+        let server = Server::bind(
+            ServerConfig {
+                bind: "127.0.0.1:0".into(),
+                memory_quota: 64 << 20,
+                max_buffer_size: 64 << 20,
+                engine: Some(link),
+                ..ServerConfig::default()
+            },
+            Arc::new(GgmlCpuBackend::new(1, 1, GraphLimits::default())),
+        )
+        .unwrap()
+        .spawn()
+        .unwrap();
+        Some(server)
+    }
+
+    fn engine_servers(n: usize) -> Option<Vec<ServerHandle>> {
+        (0..n).map(|_| engine_server()).collect()
+    }
+
+    #[test]
+    fn engine_arm_gives_the_reference_tokens_for_one_to_four_stages() {
+        let f = fixture();
+        for p in 1..=4 {
+            let Some(s) = engine_servers(p) else { return };
+            let (r, report) = run(endpoints(&s), Arm::Engine, 1);
+            assert_eq!(r.groups[0].output.tokens, f.ref_tokens, "P={p}");
+            assert!(max_logit_diff(&r) <= 1e-5, "P={p}");
+            assert_eq!(report.arm_used, if p == 1 { "none" } else { "engine" });
+            assert!(report.fallbacks.is_empty(), "P={p}: {:?}", report.fallbacks);
+            assert_eq!(report.runtime_fallbacks, 0, "P={p}");
+        }
+    }
+
+    #[test]
+    fn engine_removes_the_hidden_state_and_the_barrier_from_the_coordinator() {
+        let hidden = u64::from(STREAMS) * u64::from(SPEC.n_embd) * 4;
+        for p in [2usize, 4] {
+            let Some(s) = engine_servers(p) else { return };
+            let (_, hub) = run(endpoints(&s), Arm::Hub, 1);
+            let (_, engine) = run(endpoints(&s), Arm::Engine, 1);
+            println!("P={p} engine:\n{}", engine.counters);
+            let b = (p - 1) as f64;
+            let (h, e) = (&hub.counters, &engine.counters);
+            let get =
+                |t: &transfer_rpc::pipeline::counters::CounterTable| t.per_step(Command::GetTensor);
+            let set =
+                |t: &transfer_rpc::pipeline::counters::CounterTable| t.per_step(Command::SetTensor);
+            // Exactly one hidden-state round trip per boundary per step is
+            // gone, and no COPY_TENSOR_TO / PEER_BARRIER replaces it.
+            assert_eq!(get(h).count - get(e).count, b, "GET_TENSOR per step");
+            assert_eq!(set(h).count - set(e).count, b, "SET_TENSOR per step");
+            assert_eq!(
+                set(h).request_bytes - set(e).request_bytes,
+                b * (9.0 + 296.0 + 1.0 + 8.0 + hidden as f64)
+            );
+            assert_eq!(
+                get(h).response_bytes - get(e).response_bytes,
+                b * (8.0 + hidden as f64)
+            );
+            assert_eq!(e.per_step(Command::CopyTensorTo).count, 0.0);
+            assert_eq!(e.per_step(Command::PeerBarrier).count, 0.0);
+            // What replaces it: one small ENGINE_WRITE on the source and
+            // one ENGINE_WAIT on the destination per boundary.
+            let write = e.per_step(Command::EngineWrite);
+            let wait = e.per_step(Command::EngineWait);
+            assert_eq!((write.count, wait.count), (b, b));
+            assert!(write.request_bytes / b < 400.0 && wait.request_bytes / b < 64.0);
+            assert_eq!(hub.tokens_md5, engine.tokens_md5);
+        }
+    }
+
+    #[test]
+    fn engine_falls_back_to_direct_where_a_server_has_no_engine() {
+        let f = fixture();
+        let Some(first) = engine_server() else { return };
+        let Some(last) = engine_server() else { return };
+        let s = [first, start_server(true), last];
+        let (r, report) = run(endpoints(&s), Arm::Engine, 1);
+        assert_eq!(report.arm_used, "direct");
+        assert_eq!(report.fallbacks.len(), 2, "{:?}", report.fallbacks);
+        for x in &report.fallbacks {
+            assert_eq!((x.from, x.to), (Arm::Engine, Arm::Direct));
+            assert!(x.reason.contains("ENGINE_*"), "{}", x.reason);
+        }
+        assert_eq!(r.groups[0].output.tokens, f.ref_tokens);
+    }
+
+    #[test]
+    fn a_failed_engine_step_is_redone_on_the_fallback_path() {
+        let f = fixture();
+        let Some(s) = engine_servers(3) else { return };
+        let mut model = LlamaModel::open(&f.path).unwrap();
+        let mut p = Pipeline::new(
+            &mut model,
+            &PipelineConfig {
+                endpoints: endpoints(&s),
+                ratios: vec![1.0; 3],
+                arm: Arm::Engine,
+                streams: STREAMS,
+                ctx: PROMPT_LEN + NEW_TOKENS,
+                client: ClientConfig::default(),
+                engine_wait_ms: 300,
+            },
+        )
+        .unwrap();
+        // Break the second boundary behind the coordinator's back: its
+        // source no longer knows the outbound target, so the next write is
+        // refused and the destination's wait times out.
+        let BoundaryPath::Engine(e) = p.boundaries[1].path else {
+            panic!(
+                "boundary 1 is not on the engine path: {:?}",
+                p.boundaries[1].path
+            )
+        };
+        assert!(
+            p.stages[1]
+                .client
+                .engine_close(CloseKind::Outbound, e.outbound.0)
+                .unwrap()
+        );
+        let out = p.greedy(&f.prompts, NEW_TOKENS, false).unwrap();
+        assert_eq!(out.tokens, f.ref_tokens);
+        assert!(matches!(p.boundaries[0].path, BoundaryPath::Engine(_)));
+        assert_eq!(p.boundaries[1].path, BoundaryPath::Direct);
+        assert_eq!(p.boundaries[1].runtime_fallbacks, 1);
+        let why = p.boundaries[1].last_failure.clone().unwrap();
+        println!("{why}");
+        assert!(why.contains("boundary 1"), "{why}");
+    }
+
+    #[test]
+    fn three_engine_groups_in_a_ring_match_the_reference() {
+        let f = fixture();
+        let Some(s) = engine_servers(3) else { return };
+        let (r, report) = run(endpoints(&s), Arm::Engine, 3);
+        assert_eq!(report.arm_used, "engine");
+        assert!(report.fallbacks.is_empty(), "{:?}", report.fallbacks);
+        assert_eq!(report.runtime_fallbacks, 0);
+        for g in &r.groups {
+            assert_eq!(g.output.tokens, f.ref_tokens, "group {}", g.group);
         }
     }
 }

@@ -80,6 +80,10 @@ enum Cmd {
         /// Print only errors.
         #[arg(long)]
         quiet: bool,
+        /// Engine arm: how long a destination waits for a write's
+        /// immediates before the step is redone on the fallback path.
+        #[arg(long, default_value_t = 10_000)]
+        engine_wait_ms: u32,
     },
 }
 
@@ -119,6 +123,7 @@ fn run(cli: Cli) -> transfer_rpc::Result<()> {
             groups,
             json,
             quiet,
+            engine_wait_ms,
         } => {
             let arm = Arm::parse(&arm)?;
             let ratios = parse_tensor_split(&tensor_split, servers.len())?;
@@ -134,6 +139,7 @@ fn run(cli: Cli) -> transfer_rpc::Result<()> {
                 groups,
                 client: ClientConfig::default(),
                 keep_logits: false,
+                engine_wait_ms,
             };
             let result = run_groups(&spec)?;
             let report = RunReport::new(arm, streams, tokens, &result)?;

@@ -9,7 +9,7 @@
 //!     stage s: GRAPH_RECOMPUTE
 //!     if s < last: boundary[s].after_src_compute(stage s, stage s+1)
 //! read the logits from the last stage
-//! for b in boundaries: b.finish_step(stage b, stage b+1)
+//! collect the answers the engine path posted (Pipeline::step)
 //! ```
 //!
 //! - `Hub`: `after_src_compute` reads the output of stage s (GET_TENSOR,
@@ -18,21 +18,27 @@
 //! - `Direct`: `after_src_compute` sends COPY_TENSOR_TO to stage s's server,
 //!   which answers once the data has landed on s+1 (PEER_BARRIER), so the
 //!   coordinator waits for it.
-//! - An `Engine` path (server-to-server write-with-immediate, being built in
-//!   `engine_link`) slots in as a third [`BoundaryPath`] variant: it posts
-//!   the write on the source in `after_src_compute` and a wait on the
-//!   destination in `before_dst_compute`, both without a response, so the
-//!   coordinator never waits between stages; [`Boundary::finish_step`]
-//!   collects their answers once the step's logits are read.
-//!   [`Boundary::negotiate`] is where it is chosen; until then
-//!   `--arm engine` falls back to direct, then hub, each fallback recorded
-//!   with its reason.
+//! - `Engine`: the source server writes the hidden state into the
+//!   destination's registered input with a write-with-immediate
+//!   (`engine_link` on the servers). `after_src_compute` posts ENGINE_WRITE
+//!   on the source and `before_dst_compute` posts ENGINE_WAIT on the
+//!   destination, both without reading the answer, so the coordinator never
+//!   waits between stages and no source thread is blocked for the transfer;
+//!   the pipeline collects the answers once the step's logits are read, and
+//!   a failed engine step is redone from that boundary on
+//!   [`Boundary::fallback_path`].
+//!
+//! [`Boundary::negotiate`] chooses the path: `--arm engine` falls back to
+//! direct, then hub, when a pair cannot do it, each fallback recorded with
+//! its reason.
 
 use std::fmt;
 
 use super::stage::{Stage, stage_error, tensor_bytes};
+use crate::client::{EngineBoundary, EngineWrite, open_engine_boundary};
 use crate::error::{Result, RpcError};
 use crate::protocol::RpcTensor;
+use crate::protocol::engine::CloseKind;
 
 /// The boundary path a run asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -95,6 +101,8 @@ pub enum BoundaryPath {
     Hub,
     /// COPY_TENSOR_TO on the source's connection.
     Direct,
+    /// ENGINE_WRITE posted on the source, ENGINE_WAIT on the destination.
+    Engine(EngineBoundary),
 }
 
 impl BoundaryPath {
@@ -103,6 +111,7 @@ impl BoundaryPath {
         match self {
             BoundaryPath::Hub => Arm::Hub,
             BoundaryPath::Direct => Arm::Direct,
+            BoundaryPath::Engine(_) => Arm::Engine,
         }
     }
 }
@@ -121,9 +130,20 @@ pub struct Boundary {
     pub dst: RpcTensor,
     /// Bytes per step.
     pub bytes: u64,
+    /// What this boundary switches to when an engine step fails at run
+    /// time (direct when both servers serve it, else hub).
+    pub fallback_path: BoundaryPath,
+    /// Sequence number of the last engine write (the destination waits for
+    /// the same one).
+    pub seq: u32,
+    /// How long the destination waits for an engine write's immediates.
+    pub engine_wait_ms: u32,
     /// Steps on which a direct copy was refused by the servers (answer 0)
-    /// and the data went through the hub instead.
+    /// and the data went through the hub instead, or an engine step failed
+    /// and the boundary switched to [`Boundary::fallback_path`].
     pub runtime_fallbacks: u64,
+    /// Why the engine path was given up at run time, if it was.
+    pub last_failure: Option<String>,
 }
 
 /// Why a server-to-server TCP copy is not possible between two stages,
@@ -141,21 +161,56 @@ fn direct_unavailable(src: &Stage, dst: &Stage) -> Option<String> {
     None
 }
 
-/// Why the engine path is not used between two stages. The probe is real
-/// (EXT_QUERY at connect time says whether a server serves ENGINE_*); the
-/// path itself is integrated by the engine work (`engine_link` and
-/// `client::open_engine_boundary`): it adds a `BoundaryPath::Engine` variant
-/// chosen here when both servers offer it, posts ENGINE_WRITE in
-/// [`Boundary::after_src_compute`], ENGINE_WAIT in
-/// [`Boundary::before_dst_compute`] and collects both answers in
-/// [`Boundary::finish_step`].
-fn engine_unavailable(src: &Stage, dst: &Stage) -> Option<String> {
-    for s in [src, dst] {
+/// Opens the engine path between two stages: ENGINE_INFO on both servers,
+/// an inbound lane over the destination's hidden-state input, an outbound
+/// target on the source. `Err(reason)` when the pair cannot do it (a
+/// server without ENGINE_*, engines of different backends, or engines that
+/// cannot reach each other); a half-open lane is closed again.
+fn open_engine(
+    src: &mut Stage,
+    dst: &mut Stage,
+    dst_tensor: &RpcTensor,
+    bytes: u64,
+) -> Result<std::result::Result<EngineBoundary, String>> {
+    for s in [&*src, &*dst] {
         if !s.client.supports_engine() {
-            return Some(format!("{} does not serve ENGINE_*", s.endpoint));
+            return Ok(Err(format!("{} does not serve ENGINE_*", s.endpoint)));
         }
     }
-    Some("both servers serve ENGINE_*, but this coordinator has no engine path yet".into())
+    let Some(buffer) = dst.buffers.iter().find(|b| b.handle == dst_tensor.buffer) else {
+        return Err(stage_error(
+            dst.index,
+            &dst.endpoint,
+            RpcError::refused(
+                "engine boundary",
+                "hidden-state input outside the stage's buffers",
+            ),
+        ));
+    };
+    let offset = dst_tensor.data.checked_sub(buffer.base).ok_or_else(|| {
+        stage_error(
+            dst.index,
+            &dst.endpoint,
+            RpcError::refused(
+                "engine boundary",
+                "hidden-state input below its buffer's base",
+            ),
+        )
+    })?;
+    let opened = open_engine_boundary(
+        &mut src.client,
+        &mut dst.client,
+        buffer.handle,
+        offset,
+        bytes,
+    )
+    .map_err(|e| stage_error(src.index, &src.endpoint, e))?;
+    Ok(opened.ok_or_else(|| {
+        format!(
+            "the engines of {} and {} cannot reach each other (different backends or unreachable)",
+            src.endpoint, dst.endpoint
+        )
+    }))
 }
 
 impl Boundary {
@@ -164,8 +219,9 @@ impl Boundary {
     /// returned.
     pub fn negotiate(
         requested: Arm,
-        src: &Stage,
-        dst: &Stage,
+        src: &mut Stage,
+        dst: &mut Stage,
+        engine_wait_ms: u32,
     ) -> Result<(Boundary, Vec<Fallback>)> {
         let index = src.index;
         let (s, d) = (src.graph.output.clone(), dst.graph.hidden_in.clone());
@@ -184,41 +240,49 @@ impl Boundary {
             ));
         }
         let mut fallbacks = Vec::new();
-        let mut want = requested;
-        if want == Arm::Engine {
-            if let Some(reason) = engine_unavailable(src, dst) {
-                fallbacks.push(Fallback {
+        let mut engine = None;
+        if requested == Arm::Engine {
+            match open_engine(src, dst, &d, bytes)? {
+                Ok(e) => engine = Some(e),
+                Err(reason) => fallbacks.push(Fallback {
                     boundary: index,
                     from: Arm::Engine,
                     to: Arm::Direct,
                     reason,
-                });
-                want = Arm::Direct;
+                }),
             }
         }
-        let path = match want {
-            Arm::Hub => BoundaryPath::Hub,
-            Arm::Direct | Arm::Engine => match direct_unavailable(src, dst) {
-                None => BoundaryPath::Direct,
-                Some(reason) => {
+        // Where a server-to-server path goes when it cannot be used: now
+        // (recorded as a fallback), or when an engine step fails at run
+        // time (recorded then).
+        let direct_or_hub = match (requested, direct_unavailable(src, dst)) {
+            (Arm::Hub, _) => BoundaryPath::Hub,
+            (_, None) => BoundaryPath::Direct,
+            (_, Some(reason)) => {
+                if engine.is_none() {
                     fallbacks.push(Fallback {
                         boundary: index,
                         from: Arm::Direct,
                         to: Arm::Hub,
                         reason,
                     });
-                    BoundaryPath::Hub
                 }
-            },
+                BoundaryPath::Hub
+            }
         };
+        let path = engine.map_or(direct_or_hub, BoundaryPath::Engine);
         Ok((
             Boundary {
                 index,
                 path,
+                fallback_path: direct_or_hub,
                 src: s,
                 dst: d,
                 bytes,
+                seq: 0,
+                engine_wait_ms,
                 runtime_fallbacks: 0,
+                last_failure: None,
             },
             fallbacks,
         ))
@@ -247,6 +311,24 @@ impl Boundary {
     pub fn after_src_compute(&mut self, src: &mut Stage, dst: &mut Stage) -> Result<()> {
         match self.path {
             BoundaryPath::Hub => self.through_hub(src, dst),
+            BoundaryPath::Engine(e) => {
+                // Posted: the source server answers once its compute is
+                // done and the write is posted; the answer is collected
+                // after the step's logits, so the coordinator does not wait
+                // here.
+                self.seq = self.seq.wrapping_add(1);
+                let write = EngineWrite {
+                    outbound: e.outbound,
+                    src: &self.src,
+                    src_offset: 0,
+                    size: self.bytes,
+                    dst_offset: 0,
+                    seq: self.seq,
+                };
+                src.client
+                    .post_engine_write(&write)
+                    .map_err(|err| stage_error(src.index, &src.endpoint, err))
+            }
             BoundaryPath::Direct => {
                 // The source server answers after its compute (its
                 // connection is served in order) and after PEER_BARRIER on
@@ -269,19 +351,54 @@ impl Boundary {
     /// Hook run right before the destination stage's compute is sent.
     /// Hub and direct have already placed the data (the destination's
     /// connection is served in order, or the source waited for
-    /// PEER_BARRIER); an engine path posts its wait here.
-    pub fn before_dst_compute(&mut self, _src: &mut Stage, _dst: &mut Stage) -> Result<()> {
+    /// PEER_BARRIER); the engine path posts ENGINE_WAIT, so the
+    /// destination's connection runs the following GRAPH_RECOMPUTE only
+    /// once the write's immediates have arrived.
+    pub fn before_dst_compute(&mut self, _src: &mut Stage, dst: &mut Stage) -> Result<()> {
         match self.path {
             BoundaryPath::Hub | BoundaryPath::Direct => Ok(()),
+            BoundaryPath::Engine(e) => dst
+                .client
+                .post_engine_wait(e.lane, self.seq, self.bytes, self.engine_wait_ms)
+                .map_err(|err| stage_error(dst.index, &dst.endpoint, err)),
         }
     }
 
-    /// Hook run once per step after the last stage's output was read: a
-    /// path that posted commands without waiting collects their answers
-    /// here. Hub and direct waited already.
-    pub fn finish_step(&mut self, _src: &mut Stage, _dst: &mut Stage) -> Result<()> {
-        match self.path {
-            BoundaryPath::Hub | BoundaryPath::Direct => Ok(()),
+    /// Number of answers this boundary posted on its source's connection
+    /// this step (the ENGINE_WRITE).
+    pub fn posted_on_source(&self) -> usize {
+        usize::from(matches!(self.path, BoundaryPath::Engine(_)))
+    }
+
+    /// Number of answers this boundary posted on its destination's
+    /// connection this step (the ENGINE_WAIT).
+    pub fn posted_on_destination(&self) -> usize {
+        self.posted_on_source()
+    }
+
+    /// Gives up the engine path after a failed step: closes the lane and
+    /// the outbound target (best effort: the servers also drop them with
+    /// the session) and switches to [`Boundary::fallback_path`]. A write
+    /// still in flight can only carry this step's source output, which the
+    /// fallback re-sends unchanged, and the source server settles it before
+    /// its next compute.
+    pub fn give_up_engine(
+        &mut self,
+        src: &mut Stage,
+        dst: &mut Stage,
+        reason: String,
+    ) -> Result<()> {
+        if let BoundaryPath::Engine(e) = self.path {
+            self.path = self.fallback_path;
+            self.runtime_fallbacks += 1;
+            self.last_failure = Some(reason);
+            src.client
+                .engine_close(CloseKind::Outbound, e.outbound.0)
+                .map_err(|err| stage_error(src.index, &src.endpoint, err))?;
+            dst.client
+                .engine_close(CloseKind::Inbound, e.lane.0)
+                .map_err(|err| stage_error(dst.index, &dst.endpoint, err))?;
         }
+        Ok(())
     }
 }

@@ -21,6 +21,9 @@ use crate::error::{Result, RpcError};
 const F16_ZERO: u16 = 0x0000;
 const F16_NEG_INF: u16 = 0xFC00;
 
+/// Positions, KV cells and mask of one step (shared by every stage).
+type StepInputs = (Vec<u8>, Vec<u8>, Vec<u8>);
+
 /// How to build a pipeline.
 #[derive(Debug, Clone)]
 pub struct PipelineConfig {
@@ -36,6 +39,10 @@ pub struct PipelineConfig {
     pub ctx: u32,
     /// Client settings for every stage connection (stats are forced on).
     pub client: ClientConfig,
+    /// How long a destination waits for an engine write's immediates
+    /// before the step is redone on the fallback path (the server caps
+    /// it).
+    pub engine_wait_ms: u32,
 }
 
 /// A model layer-split over servers.
@@ -141,7 +148,12 @@ impl Pipeline {
         let mut fallbacks = Vec::new();
         for i in 1..stages.len() {
             let (before, after) = stages.split_at_mut(i);
-            let (b, f) = Boundary::negotiate(config.arm, &before[i - 1], &after[0])?;
+            let (b, f) = Boundary::negotiate(
+                config.arm,
+                &mut before[i - 1],
+                &mut after[0],
+                config.engine_wait_ms,
+            )?;
             boundaries.push(b);
             fallbacks.extend(f);
         }
@@ -187,7 +199,7 @@ impl Pipeline {
     /// Step inputs shared by all stages at position `pos`: positions, KV
     /// cells (stream b owns cells `b*ctx .. (b+1)*ctx`) and the mask (one
     /// row per stream over its own cells: those up to `pos` are visible).
-    fn step_inputs(&self, pos: u32) -> (Vec<u8>, Vec<u8>, Vec<u8>) {
+    fn step_inputs(&self, pos: u32) -> StepInputs {
         let b = self.streams as usize;
         let ctx = self.ctx as usize;
         let p = pos as usize;
@@ -205,6 +217,95 @@ impl Pipeline {
         (positions, cells, mask)
     }
 
+    /// Drives stages `from..` through one step and reads the last stage's
+    /// output. With `from > 0` the step is being redone: the boundary into
+    /// stage `from` re-sends the source's output, which is still in place.
+    fn run_stages(&mut self, from: usize, embd: &[u8], inputs: &StepInputs) -> Result<Vec<u8>> {
+        let (positions, cells, mask) = inputs;
+        let n = self.stages.len();
+        for s in from..n {
+            let hidden = (s == 0).then_some(embd);
+            self.stages[s].set_step_inputs(hidden, positions, cells, mask)?;
+            if s > 0 {
+                let (before, after) = self.stages.split_at_mut(s);
+                let boundary = &mut self.boundaries[s - 1];
+                if s == from {
+                    boundary.after_src_compute(&mut before[s - 1], &mut after[0])?;
+                }
+                boundary.before_dst_compute(&mut before[s - 1], &mut after[0])?;
+            }
+            self.stages[s].compute()?;
+            if s + 1 < n {
+                let (before, after) = self.stages.split_at_mut(s + 1);
+                self.boundaries[s].after_src_compute(&mut before[s], &mut after[0])?;
+            }
+        }
+        match self.stages.last_mut() {
+            Some(last) => last.read_output(),
+            None => Err(RpcError::refused(
+                "decode step",
+                "a pipeline without stages",
+            )),
+        }
+    }
+
+    /// Reads the answers the engine boundaries posted by
+    /// [`Pipeline::run_stages`]`(from, ..)` (on each stage's connection: the
+    /// wait of the boundary into it, then the write of the boundary out of
+    /// it) and returns the boundaries whose write or wait failed, in order,
+    /// with the reason.
+    fn collect_engine_answers(&mut self, from: usize) -> Result<Vec<(usize, String)>> {
+        let n = self.stages.len();
+        let mut write_ok = vec![true; n.saturating_sub(1)];
+        let mut wait_ok = vec![true; n.saturating_sub(1)];
+        for s in from..n {
+            let waits = if s > 0 {
+                self.boundaries[s - 1].posted_on_destination()
+            } else {
+                0
+            };
+            let writes = if s + 1 < n {
+                self.boundaries[s].posted_on_source()
+            } else {
+                0
+            };
+            if waits + writes == 0 {
+                continue;
+            }
+            let stage = &mut self.stages[s];
+            let answers = stage
+                .client
+                .collect_posted()
+                .map_err(|e| stage_error(stage.index, &stage.endpoint, e))?;
+            if answers.len() != waits + writes {
+                return Err(stage_error(
+                    stage.index,
+                    &stage.endpoint,
+                    RpcError::malformed(
+                        "engine answers",
+                        format!("{} answers, {} posted", answers.len(), waits + writes),
+                    ),
+                ));
+            }
+            if waits == 1 {
+                wait_ok[s - 1] = answers[0];
+            }
+            if writes == 1 {
+                write_ok[s] = answers[waits];
+            }
+        }
+        Ok((0..n.saturating_sub(1))
+            .filter_map(|b| {
+                let why = match (write_ok[b], wait_ok[b]) {
+                    (true, true) => return None,
+                    (false, _) => "the source refused the write or an earlier write failed",
+                    (true, false) => "the write's immediates did not arrive in time",
+                };
+                Some((b, format!("engine step failed at boundary {b}: {why}")))
+            })
+            .collect())
+    }
+
     /// One step: one token per stream at position `pos`; returns the logits
     /// (`streams` rows of `n_vocab`).
     pub fn step(&mut self, tokens: &[i32], pos: u32) -> Result<Vec<Vec<f32>>> {
@@ -218,23 +319,34 @@ impl Pipeline {
             ));
         }
         let embd = self.embeddings(tokens)?;
-        let (positions, cells, mask) = self.step_inputs(pos);
-        let n = self.stages.len();
-        for s in 0..n {
-            let hidden = (s == 0).then_some(embd.as_slice());
-            self.stages[s].set_step_inputs(hidden, &positions, &cells, &mask)?;
-            if s > 0 {
-                let (before, after) = self.stages.split_at_mut(s);
-                self.boundaries[s - 1].before_dst_compute(&mut before[s - 1], &mut after[0])?;
+        let inputs = self.step_inputs(pos);
+        let mut raw = self.run_stages(0, &embd, &inputs)?;
+        let failed = self.collect_engine_answers(0)?;
+        if let Some(&(first, _)) = failed.first() {
+            // An engine boundary failed: every stage from its destination
+            // on computed on stale input. Give those boundaries up and
+            // redo the step from there (inputs and KV cells are rewritten,
+            // so the redo is exact).
+            for (b, reason) in failed {
+                let (before, after) = self.stages.split_at_mut(b + 1);
+                self.boundaries[b].give_up_engine(&mut before[b], &mut after[0], reason)?;
             }
-            self.stages[s].compute()?;
-            if s + 1 < n {
-                let (before, after) = self.stages.split_at_mut(s + 1);
-                self.boundaries[s].after_src_compute(&mut before[s], &mut after[0])?;
+            raw = self.run_stages(first + 1, &embd, &inputs)?;
+            if let Some((b, reason)) = self.collect_engine_answers(first + 1)?.into_iter().next() {
+                let dst = &self.stages[b + 1];
+                return Err(stage_error(
+                    dst.index,
+                    &dst.endpoint,
+                    RpcError::refused("engine boundary", reason),
+                ));
             }
         }
-        let last = &mut self.stages[n - 1];
-        let raw = last.read_output()?;
+        let Some(last) = self.stages.last() else {
+            return Err(RpcError::refused(
+                "decode step",
+                "a pipeline without stages",
+            ));
+        };
         let want = self.n_vocab * self.streams as usize * 4;
         if raw.len() != want {
             return Err(stage_error(
@@ -245,10 +357,6 @@ impl Pipeline {
                     format!("{} bytes, expected {want}", raw.len()),
                 ),
             ));
-        }
-        for i in 1..n {
-            let (before, after) = self.stages.split_at_mut(i);
-            self.boundaries[i - 1].finish_step(&mut before[i - 1], &mut after[0])?;
         }
         let floats: Vec<f32> = raw
             .chunks_exact(4)

@@ -44,6 +44,8 @@ pub struct RunSpec {
     pub client: ClientConfig,
     /// Keep the logits of every step.
     pub keep_logits: bool,
+    /// Engine arm: a destination's wait for a write's immediates.
+    pub engine_wait_ms: u32,
 }
 
 /// One group's run.
@@ -87,6 +89,7 @@ fn setup(spec: &RunSpec, endpoints: Vec<String>) -> Result<Pipeline> {
         streams: spec.streams,
         ctx: len + spec.tokens,
         client: spec.client.clone(),
+        engine_wait_ms: spec.engine_wait_ms,
     };
     Pipeline::new(&mut model, &config)
 }
