@@ -28,7 +28,7 @@ commands:
                       N network-namespace hosts on this machine (root)
     --hosts h1,h2,... real hosts over ssh; h1 drives, the others serve
   bench rpc [--stages 4] [--arms hub,direct,engine] [--repeats 3] [--rate 200mbit]
-            [--delay 2ms] [--groups 1,3] [--streams 8] [--tokens 32] [--quick]
+            [--delay 2ms] [--groups 1,3] [--streams 32] [--tokens 32] [--quick]
             [--model-size small|medium] [--prompt-len 8] [--threads 1] [--bin-dir D]
                       the transfer-rpc pipeline over P namespace servers, the
                       coordinator's link shaped (root; --delay needs sch_netem)

@@ -53,27 +53,32 @@ pub struct ModelShape {
 
 impl ModelShape {
     /// `small`: the default, sized so that on this 2-core machine the
-    /// shaped coordinator link, not compute, bounds the hub arm. Measured
-    /// at 200mbit, 8 streams, 4 stages, one group (hub / direct tokens/s):
-    /// n_embd 1024 x 4 streams 147 / 214 (compute ~10 ms a step, link
-    /// 5 ms); n_embd 512 x 8 streams 405 / 642 (link 5.5 ms of the hub's
-    /// 10 ms step). Hidden state per boundary: 8 x 512 x 4 = 16 KiB.
+    /// shaped coordinator link weighs more than compute in the hub arm.
+    /// Each step also pays a fixed ~5 ms (a dozen RPC round trips, four
+    /// stage computes on two shared cores) that no arm removes; compute
+    /// grows with n_embd squared, a boundary with n_embd x streams, so a
+    /// narrow model with many streams favours the link. Measured at
+    /// 200mbit, 4 stages, one group, direct / hub tokens/s (medians of 2-3):
+    /// 1024 wide x 4 streams 1.46x; 512 x 8 1.41-1.84x (noisy: builds of
+    /// other jobs share the cores); 512 x 16 1.33-1.51x; 256 x 32 1.62x
+    /// (hub link ~10 ms of an 18 ms step); 256 x 64 1.77x but 2x longer.
+    /// Hidden state per boundary at the default 32 streams: 32 KiB.
     pub const SMALL: ModelShape = ModelShape {
-        n_embd: 512,
+        n_embd: 256,
         layers_per_stage: 1,
         n_head: 8,
         n_head_kv: 2,
         n_ff: 256,
         n_vocab: 128,
     };
-    /// `medium`: twice the hidden size and feed-forward; compute weighs
-    /// more (about 10 ms a step here), so the link matters less.
+    /// `medium`: 512 wide, two layers per stage: compute weighs more, the
+    /// link less.
     pub const MEDIUM: ModelShape = ModelShape {
-        n_embd: 1024,
-        layers_per_stage: 1,
+        n_embd: 512,
+        layers_per_stage: 2,
         n_head: 8,
         n_head_kv: 2,
-        n_ff: 512,
+        n_ff: 1024,
         n_vocab: 256,
     };
 }
@@ -126,7 +131,7 @@ impl Default for RpcArgs {
             rate: "200mbit".into(),
             delay: None,
             groups: vec![1, 3],
-            streams: 8,
+            streams: 32,
             tokens: 32,
             prompt_len: 8,
             model: ModelShape::SMALL,
@@ -142,7 +147,7 @@ impl Default for RpcArgs {
 
 pub const USAGE: &str = "\
 usage: cargo xtask bench rpc [--stages 4] [--arms hub,direct,engine] [--repeats 3]
-         [--rate 200mbit] [--delay 2ms] [--groups 1,3] [--streams 8] [--tokens 32]
+         [--rate 200mbit] [--delay 2ms] [--groups 1,3] [--streams 32] [--tokens 32]
          [--prompt-len 8] [--threads 1] [--model-size small|medium] [--n-embd N] [--burst 4kb] [--quick]
          [--bin-dir DIR (prebuilt transfer-rpc-server and -pipeline; skips the build)]
          [--check-lab (only set up the namespaces, measure the links, start and reach the servers)]";

@@ -316,12 +316,12 @@ mod tests {
             c,
             "ip netns exec xtb-h0 /p run --model /m.gguf \
              --servers 10.77.0.2:50052,10.77.0.3:50052,10.77.0.4:50052,10.77.0.5:50052 \
-             --tensor-split 1,1,1,1 --arm direct --streams 8 --prompt-len 8 --tokens 32 \
+             --tensor-split 1,1,1,1 --arm direct --streams 32 --prompt-len 8 --tokens 32 \
              --groups 3 --json /o.json"
         );
         let m = make_model("/p", &a, "/m.gguf").join(" ");
         assert!(
-            m.starts_with("/p make-model --out /m.gguf --n-embd 512 --n-layer 4 "),
+            m.starts_with("/p make-model --out /m.gguf --n-embd 256 --n-layer 4 "),
             "{m}"
         );
         assert!(m.ends_with("--n-vocab 128 --seed 1"), "{m}");
