@@ -28,10 +28,12 @@ commands:
                       N network-namespace hosts on this machine (root)
     --hosts h1,h2,... real hosts over ssh; h1 drives, the others serve
   bench rpc [--stages 4] [--arms hub,direct,engine] [--repeats 3] [--rate 200mbit]
-            [--delay 2ms] [--groups 1,3] [--streams 32] [--tokens 32] [--quick]
-            [--model-size small|medium] [--prompt-len 8] [--threads 1] [--bin-dir D]
+            [--delay 2ms] [--delay-mode auto|netem|proxy] [--groups 1,3] [--streams 32]
+            [--tokens 32] [--quick] [--model-size small|medium] [--prompt-len 8]
+            [--threads 1] [--bin-dir D]
                       the transfer-rpc pipeline over P namespace servers, the
-                      coordinator's link shaped (root; --delay needs sch_netem)
+                      coordinator's link shaped (root; --delay with netem, or
+                      a user-space delay proxy where the kernel lacks sch_netem)
   verbs-vm            only the transfer-verbs suite in the soft-RoCE VM
   deps                install (or print how to install) the system packages
 ";
@@ -44,6 +46,8 @@ fn main() -> ExitCode {
         Some("bench") => bench::run(&args[1..]),
         // Internal: the bulk transfer `bench rpc` runs between namespace hosts.
         Some("link-probe") => bench_rpc::link_probe::run(&args[1..]),
+        // Internal: `bench rpc --delay` without sch_netem.
+        Some("delay-proxy") => bench_rpc::delay_proxy::run(&args[1..]),
         Some("deps") => deps::ensure(&deps::RUNTIME),
         Some("verbs-vm") => test::verbs_vm(),
         Some("help" | "--help" | "-h") | None => {

@@ -157,6 +157,7 @@ fn spec(endpoints: Vec<String>, arm: Arm, groups: usize) -> RunSpec {
         model: f.path.clone(),
         ratios: vec![1.0; endpoints.len()],
         endpoints,
+        peer_endpoints: None,
         arm,
         streams: STREAMS,
         prompts: f.prompts.clone(),
@@ -354,6 +355,7 @@ fn a_server_dying_mid_run_is_an_error_naming_its_stage() {
             &mut model,
             &PipelineConfig {
                 endpoints: endpoints(&s),
+                peer_endpoints: None,
                 ratios: vec![1.0; 3],
                 arm,
                 streams: STREAMS,
@@ -499,6 +501,7 @@ mod engine_arm {
             &mut model,
             &PipelineConfig {
                 endpoints: endpoints(&s),
+                peer_endpoints: None,
                 ratios: vec![1.0; 3],
                 arm: Arm::Engine,
                 streams: STREAMS,

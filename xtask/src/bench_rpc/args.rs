@@ -33,6 +33,33 @@ impl Arm {
     }
 }
 
+/// How `--delay` is put on the coordinator's link.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DelayMode {
+    /// netem where this kernel has it, else the proxy.
+    Auto,
+    /// A netem qdisc on both ends of the coordinator's link (needs the
+    /// sch_netem kernel module).
+    Netem,
+    /// The user-space delay proxy in the coordinator's namespace
+    /// (`xtask delay-proxy`): the coordinator connects through it, the
+    /// servers reach each other directly.
+    Proxy,
+}
+
+impl DelayMode {
+    fn parse(s: &str) -> Result<DelayMode, String> {
+        match s {
+            "auto" => Ok(DelayMode::Auto),
+            "netem" => Ok(DelayMode::Netem),
+            "proxy" => Ok(DelayMode::Proxy),
+            other => Err(format!(
+                "bench rpc: --delay-mode is auto, netem or proxy, not `{other}`"
+            )),
+        }
+    }
+}
+
 /// Model shape written by `transfer-rpc-pipeline make-model`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ModelShape {
@@ -94,9 +121,10 @@ pub struct RpcArgs {
     pub repeats: usize,
     /// tc rate of the coordinator's link (each direction).
     pub rate: String,
-    /// One-way delay added to each direction of the coordinator's link
-    /// (needs sch_netem).
+    /// One-way delay added to each direction of the coordinator's link.
     pub delay: Option<String>,
+    /// How the delay is applied.
+    pub delay_mode: DelayMode,
     /// Concurrent groups of streams in flight.
     pub groups: Vec<usize>,
     /// Sequences decoded together in one group.
@@ -130,6 +158,7 @@ impl Default for RpcArgs {
             repeats: 3,
             rate: "200mbit".into(),
             delay: None,
+            delay_mode: DelayMode::Auto,
             groups: vec![1, 3],
             streams: 32,
             tokens: 32,
@@ -147,10 +176,13 @@ impl Default for RpcArgs {
 
 pub const USAGE: &str = "\
 usage: cargo xtask bench rpc [--stages 4] [--arms hub,direct,engine] [--repeats 3]
-         [--rate 200mbit] [--delay 2ms] [--groups 1,3] [--streams 32] [--tokens 32]
+         [--rate 200mbit] [--delay 2ms] [--delay-mode auto|netem|proxy] [--groups 1,3] [--streams 32] [--tokens 32]
          [--prompt-len 8] [--threads 1] [--model-size small|medium] [--n-embd N] [--burst 4kb] [--quick]
          [--bin-dir DIR (prebuilt transfer-rpc-server and -pipeline; skips the build)]
-         [--check-lab (only set up the namespaces, measure the links, start and reach the servers)]";
+         [--check-lab (only set up the namespaces, measure the links, start and reach the servers)]
+  --delay D adds D to each direction of the coordinator's link: with netem where the kernel
+  has sch_netem, else (--delay-mode auto, the default) with a user-space proxy in the
+  coordinator's namespace that holds every chunk D before passing it on.";
 
 fn number(name: &str, v: &str, min: usize, max: usize) -> Result<usize, String> {
     match v.parse::<usize>() {
@@ -181,7 +213,7 @@ fn list<T>(
 /// Parses the options after `bench rpc`.
 pub fn parse(args: &[String]) -> Result<RpcArgs, String> {
     let mut out = RpcArgs::default();
-    let (mut repeats, mut tokens, mut n_embd) = (None, None, None);
+    let (mut repeats, mut tokens, mut n_embd, mut delay_mode) = (None, None, None, None);
     let mut it = args.iter();
     while let Some(a) = it.next() {
         if a == "--quick" {
@@ -211,7 +243,13 @@ pub fn parse(args: &[String]) -> Result<RpcArgs, String> {
             }
             "--repeats" => repeats = Some(number(a, v, 1, 100)?),
             "--rate" => out.rate = v.clone(),
-            "--delay" => out.delay = Some(v.clone()),
+            "--delay" => {
+                // The proxy needs it as a duration; netem gets the text.
+                crate::bench_rpc::delay_proxy::parse_delay(v)
+                    .map_err(|e| format!("bench rpc: --{e}"))?;
+                out.delay = Some(v.clone());
+            }
+            "--delay-mode" => delay_mode = Some(DelayMode::parse(v)?),
             "--groups" => out.groups = list(a, v, |g| number("--groups", g, 1, 64))?,
             "--streams" => out.streams = number(a, v, 1, 512)?,
             "--tokens" => tokens = Some(number(a, v, 1, 100_000)?),
@@ -245,6 +283,12 @@ pub fn parse(args: &[String]) -> Result<RpcArgs, String> {
         out.model.n_embd = n as u32;
         out.model_name = format!("{}-embd{n}", out.model_name);
     }
+    match (delay_mode, &out.delay) {
+        (Some(m), None) if m != DelayMode::Auto => {
+            return Err("bench rpc: --delay-mode needs --delay".into());
+        }
+        (m, _) => out.delay_mode = m.unwrap_or(DelayMode::Auto),
+    }
     // --quick shortens what was not given explicitly.
     out.repeats = repeats.unwrap_or(if out.quick { 1 } else { 3 });
     out.tokens = tokens.unwrap_or(if out.quick { 16 } else { 32 });
@@ -268,6 +312,35 @@ mod tests {
         assert_eq!(a.arms, vec![Arm::Hub, Arm::Direct, Arm::Engine]);
         assert_eq!(a.groups, vec![1, 3]);
         assert_eq!(a.delay, None);
+        assert_eq!(a.delay_mode, DelayMode::Auto);
+    }
+
+    #[test]
+    fn delay_modes() {
+        let mode = |v: &[&str]| parse(&s(v)).map(|a| (a.delay, a.delay_mode));
+        assert_eq!(
+            mode(&["--delay", "2ms"]),
+            Ok((Some("2ms".into()), DelayMode::Auto))
+        );
+        assert_eq!(
+            mode(&["--delay-mode", "proxy", "--delay", "5ms"]),
+            Ok((Some("5ms".into()), DelayMode::Proxy))
+        );
+        assert_eq!(
+            mode(&["--delay", "500us", "--delay-mode", "netem"]),
+            Ok((Some("500us".into()), DelayMode::Netem))
+        );
+        assert_eq!(mode(&["--delay-mode", "auto"]), Ok((None, DelayMode::Auto)));
+        for bad in [
+            &["--delay-mode", "proxy"][..],
+            &["--delay-mode", "netem"],
+            &["--delay", "2ms", "--delay-mode", "tc"],
+            &["--delay", "2"],
+            &["--delay", "fast"],
+            &["--delay", "0ms"],
+        ] {
+            assert!(parse(&s(bad)).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -8,15 +8,61 @@
 use crate::netns::{host_ip, ns, shape_with_burst, switch, switch_ns};
 
 use super::args::{Arm, RpcArgs};
+use super::delay_proxy::{Route, map_arg};
 
 /// Port every RPC server listens on (each on its own host's address).
 pub const SERVER_PORT: u16 = 50052;
 /// Port of the link probe's sink.
 pub const PROBE_PORT: u16 = 50099;
+/// Port of the link probe's echo (round trips), on server host 1.
+pub const ECHO_PORT: u16 = 50098;
+/// The delay proxy listens on the coordinator's loopback at this port +
+/// `s` for server `s`, and at this port for the echo.
+pub const PROXY_BASE_PORT: u16 = 51000;
 
 /// `host:port` of server `s` (1-based).
 pub fn server_addr(s: usize) -> String {
     format!("{}:{SERVER_PORT}", host_ip(s))
+}
+
+/// Where the coordinator reaches server `s` through the delay proxy.
+pub fn proxy_addr(s: usize) -> String {
+    format!("127.0.0.1:{}", PROXY_BASE_PORT as usize + s)
+}
+
+/// The echo of the round-trip check, on server host 1.
+pub fn echo_addr() -> String {
+    format!("{}:{ECHO_PORT}", host_ip(1))
+}
+
+/// The echo through the delay proxy.
+pub fn proxied_echo_addr() -> String {
+    proxy_addr(0)
+}
+
+/// The delay proxy on the coordinator's host (this xtask binary at
+/// `xtask`): the echo and every server, each `delay` later each way.
+pub fn delay_proxy(xtask: &str, stages: usize, delay: &str) -> Vec<String> {
+    let mut routes = vec![Route {
+        listen: proxied_echo_addr(),
+        target: echo_addr(),
+    }];
+    routes.extend((1..=stages).map(|s| Route {
+        listen: proxy_addr(s),
+        target: server_addr(s),
+    }));
+    vec![
+        "ip".into(),
+        "netns".into(),
+        "exec".into(),
+        ns(0),
+        xtask.into(),
+        "delay-proxy".into(),
+        "--delay".into(),
+        delay.into(),
+        "--map".into(),
+        map_arg(&routes),
+    ]
 }
 
 /// Commands that build the coordinator host and `stages` server hosts,
@@ -122,6 +168,8 @@ pub fn make_model(bin: &str, a: &RpcArgs, out: &str) -> Vec<String> {
 
 /// One coordinator run on host 0. Not `--quiet`: its summary (with the
 /// reason of every fallback) goes to the run's log after the timed part.
+/// `proxied`: it connects through the delay proxy, and tells the servers
+/// each other's real addresses with `--peer-endpoints`.
 pub fn coordinator(
     bin: &str,
     a: &RpcArgs,
@@ -129,8 +177,14 @@ pub fn coordinator(
     arm: Arm,
     groups: usize,
     json_out: &str,
+    proxied: bool,
 ) -> Vec<String> {
-    let servers: Vec<String> = (1..=a.stages).map(server_addr).collect();
+    let real: Vec<String> = (1..=a.stages).map(server_addr).collect();
+    let servers: Vec<String> = if proxied {
+        (1..=a.stages).map(proxy_addr).collect()
+    } else {
+        real.clone()
+    };
     let split = vec!["1"; a.stages].join(",");
     let mut v: Vec<String> = vec![
         "ip".into(),
@@ -161,6 +215,9 @@ pub fn coordinator(
         json_out,
     ] {
         v.push(w.to_string());
+    }
+    if proxied {
+        v.extend(["--peer-endpoints".into(), real.join(",")]);
     }
     v
 }
@@ -201,6 +258,26 @@ pub fn link_probe(xtask: &str, from: usize, to: usize, bytes: u64) -> (Vec<Strin
     let mut send = inns(from);
     send.extend(["send".into(), addr, bytes.to_string()]);
     (sink, send)
+}
+
+/// The echo on host 1 and a pinger of `count` round trips from host 0 to
+/// `addr` (the echo, directly or through the proxy).
+pub fn round_trip_probe(xtask: &str, addr: &str, count: usize) -> (Vec<String>, Vec<String>) {
+    let inns = |h: usize| -> Vec<String> {
+        vec![
+            "ip".into(),
+            "netns".into(),
+            "exec".into(),
+            ns(h),
+            xtask.into(),
+            "link-probe".into(),
+        ]
+    };
+    let mut echo = inns(1);
+    echo.extend(["echo".into(), echo_addr()]);
+    let mut ping = inns(0);
+    ping.extend(["ping".into(), addr.into(), count.to_string()]);
+    (echo, ping)
 }
 
 /// Bits per second of a tc rate (`200mbit`, `1gbit`, `500kbit`, `25mbps`,
@@ -311,13 +388,26 @@ mod tests {
     #[test]
     fn coordinator_and_model_commands() {
         let a = RpcArgs::default();
-        let c = coordinator("/p", &a, "/m.gguf", Arm::Direct, 3, "/o.json").join(" ");
+        let c = coordinator("/p", &a, "/m.gguf", Arm::Direct, 3, "/o.json", false).join(" ");
         assert_eq!(
             c,
             "ip netns exec xtb-h0 /p run --model /m.gguf \
              --servers 10.77.0.2:50052,10.77.0.3:50052,10.77.0.4:50052,10.77.0.5:50052 \
              --tensor-split 1,1,1,1 --arm direct --streams 32 --prompt-len 8 --tokens 32 \
              --groups 3 --json /o.json"
+        );
+        let a3 = RpcArgs {
+            stages: 3,
+            ..RpcArgs::default()
+        };
+        let c = coordinator("/p", &a3, "/m.gguf", Arm::Engine, 1, "/o.json", true).join(" ");
+        assert_eq!(
+            c,
+            "ip netns exec xtb-h0 /p run --model /m.gguf \
+             --servers 127.0.0.1:51001,127.0.0.1:51002,127.0.0.1:51003 \
+             --tensor-split 1,1,1 --arm engine --streams 32 --prompt-len 8 --tokens 32 \
+             --groups 1 --json /o.json \
+             --peer-endpoints 10.77.0.2:50052,10.77.0.3:50052,10.77.0.4:50052"
         );
         let m = make_model("/p", &a, "/m.gguf").join(" ");
         assert!(
@@ -341,6 +431,21 @@ mod tests {
         assert_eq!(
             send.join(" "),
             "ip netns exec xtb-h0 /x link-probe send 10.77.0.2:50099 1000"
+        );
+        assert_eq!(
+            delay_proxy("/x", 2, "2ms").join(" "),
+            "ip netns exec xtb-h0 /x delay-proxy --delay 2ms --map \
+             127.0.0.1:51000=10.77.0.2:50098,127.0.0.1:51001=10.77.0.2:50052,\
+             127.0.0.1:51002=10.77.0.3:50052"
+        );
+        let (echo, ping) = round_trip_probe("/x", &proxied_echo_addr(), 20);
+        assert_eq!(
+            echo.join(" "),
+            "ip netns exec xtb-h1 /x link-probe echo 10.77.0.2:50098"
+        );
+        assert_eq!(
+            ping.join(" "),
+            "ip netns exec xtb-h0 /x link-probe ping 127.0.0.1:51000 20"
         );
         assert_eq!(rate_bits("200mbit"), Some(200e6));
         assert_eq!(rate_bits("1.5Gbit"), Some(1.5e9));

@@ -7,6 +7,8 @@
 //! this file only executes them.
 
 mod args;
+mod delay;
+pub mod delay_proxy;
 mod json;
 mod lab;
 pub mod link_probe;
@@ -64,7 +66,7 @@ fn output(cmd: &[String]) -> Result<String, String> {
     }
 }
 
-/// Fails clearly when `--delay` cannot work on this kernel.
+/// Fails clearly when netem cannot work on this kernel.
 fn check_netem() -> Result<(), String> {
     netns::cleanup_namespaces();
     let result = netns::netem_probe()
@@ -73,9 +75,9 @@ fn check_netem() -> Result<(), String> {
     netns::cleanup_namespaces();
     result.map_err(|e| {
         format!(
-            "--delay needs netem (the sch_netem kernel module), and this kernel has none:\n    {e}\n\
-             Run without --delay (--rate alone shapes with tbf), or on a kernel with sch_netem \
-             (`modprobe sch_netem`)."
+            "--delay-mode netem needs the sch_netem kernel module, and this kernel has none:\n    {e}\n\
+             Use --delay-mode proxy (or auto, the default: the user-space delay proxy), run \
+             without --delay, or on a kernel with sch_netem (`modprobe sch_netem`)."
         )
     })
 }
@@ -206,6 +208,65 @@ fn check_links(a: &RpcArgs) -> Result<Json, String> {
     Ok(Json::Obj(m))
 }
 
+/// One round-trip probe from host 0 to `addr` (the echo on host 1).
+fn round_trips(addr: &str) -> Result<link_probe::RoundTrips, String> {
+    let me = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+    let (_, ping) = lab::round_trip_probe(&path_str(&me), addr, 50);
+    let out = output(&ping)?;
+    link_probe::parse_round_trips(&out).ok_or_else(|| format!("ping: odd output `{out}`"))
+}
+
+/// Puts the delay on the coordinator's link where it is the proxy's job
+/// (netem is already in the lab's qdiscs), then proves it with round trips
+/// to an echo on host 1. The proxy and the echo stay in `helpers`.
+fn apply_delay(
+    applied: delay::Applied,
+    d: &str,
+    stages: usize,
+    out: &Path,
+    helpers: &mut Children,
+) -> Result<Json, String> {
+    let one_way = delay_proxy::parse_delay(d)?;
+    let me = path_str(&std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?);
+    let (echo, _) = lab::round_trip_probe(&me, &lab::echo_addr(), 1);
+    helpers
+        .0
+        .push(spawn_logged(&echo, &out.join("logs/echo.log"))?);
+    let direct = round_trips(&lab::echo_addr())?;
+    let (undelayed, delayed) = if applied.proxied() {
+        helpers.0.push(spawn_logged(
+            &lab::delay_proxy(&me, stages, d),
+            &out.join("logs/delay-proxy.log"),
+        )?);
+        for s in 0..=stages {
+            let addr = if s == 0 {
+                lab::proxied_echo_addr()
+            } else {
+                lab::proxy_addr(s)
+            };
+            retry(&lab::reach(0, &addr), Duration::from_secs(20))
+                .map_err(|e| format!("delay proxy {addr} unreachable: {e}"))?;
+        }
+        (Some(direct), round_trips(&lab::proxied_echo_addr())?)
+    } else {
+        (None, direct)
+    };
+    let record = delay::check(applied, one_way, undelayed, delayed)?;
+    eprintln!(
+        "==> delay {d} each way ({}): coordinator <-> server round trip {:.3} ms median \
+         ({:.3}-{:.3}){}; expected >= {:.3} ms",
+        applied.label(),
+        delayed.median,
+        delayed.min,
+        delayed.max,
+        undelayed
+            .map(|u| format!(", {:.3} ms without the proxy", u.median))
+            .unwrap_or_default(),
+        record.num("expected_rtt_ms_at_least").unwrap_or(f64::NAN)
+    );
+    Ok(record)
+}
+
 /// Waits for `child` at most `limit`; kills it after.
 fn wait_limited(child: &mut std::process::Child, limit: Duration) -> Result<(), String> {
     let deadline = Instant::now() + limit;
@@ -251,6 +312,8 @@ fn run_all(
     model: &Path,
     out: &Path,
     servers: &mut Children,
+    helpers: &mut Children,
+    proxied: bool,
 ) -> Result<Outcome, String> {
     let runs: Vec<Run> = schedule::schedule(&a.arms, &a.groups, a.repeats);
     let limit = Duration::from_secs(if a.quick { 120 } else { 600 });
@@ -271,6 +334,16 @@ fn run_all(
                 ));
             }
         }
+        if helpers
+            .0
+            .iter_mut()
+            .any(|c| matches!(c.try_wait(), Ok(Some(_))))
+        {
+            return Err(format!(
+                "the delay proxy or the echo exited; logs: {}",
+                out.join("logs").display()
+            ));
+        }
         let name = format!("run-{:02}-{}-g{}", run.index, run.arm.name(), run.groups);
         let json_path = out.join(format!("runs/{name}.json"));
         let log = out.join(format!("logs/{name}.log"));
@@ -282,6 +355,7 @@ fn run_all(
             run.arm,
             run.groups,
             &path_str(&json_path),
+            proxied,
         );
         let label = format!(
             "[{}/{}] {:<6} groups {} repeat {}",
@@ -369,9 +443,18 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     );
     deps::ensure(&deps::RUNTIME)?;
     deps::ensure(&deps::GGML_BUILD)?;
-    if a.delay.is_some() {
-        check_netem()?;
+    let applied = match a.delay {
+        Some(_) => Some(delay::Applied::choose(a.delay_mode, check_netem)?),
+        None => None,
+    };
+    if let (Some(m), Some(d)) = (applied, &a.delay) {
+        eprintln!("==> delay {d} each way: {}", m.label());
     }
+    let netem_delay = a
+        .delay
+        .as_deref()
+        .filter(|_| applied == Some(delay::Applied::Netem));
+    let proxied = applied.is_some_and(delay::Applied::proxied);
     let bin_dir = build(a.bin_dir.as_deref())?;
     let server_bin = binary(&bin_dir, "transfer-rpc-server")?;
     let flags = engine_flags(&server_bin, &a)?;
@@ -394,7 +477,7 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     netns::catch_ctrl_c();
     netns::cleanup_namespaces();
     let lab_guard = Lab;
-    for cmd in lab::setup(a.stages, Some(&a.rate), a.delay.as_deref(), &a.burst) {
+    for cmd in lab::setup(a.stages, Some(&a.rate), netem_delay, &a.burst) {
         netns::run_cmd(&cmd)?;
     }
     let link_report = check_links(&a)?;
@@ -419,11 +502,25 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         }
     }
     eprintln!("==> {} servers up and reachable from every host", a.stages);
+    let mut helpers = Children::default();
+    let delay_report = match (applied, a.delay.as_deref()) {
+        (Some(m), Some(d)) => apply_delay(m, d, a.stages, &out, &mut helpers)?,
+        _ => Json::Null,
+    };
     if a.check_lab {
         eprintln!("==> --check-lab: lab verified; removing it");
         return Ok(());
     }
-    let outcome = run_all(&a, &pipeline_bin, &model, &out, &mut servers);
+    let outcome = run_all(
+        &a,
+        &pipeline_bin,
+        &model,
+        &out,
+        &mut servers,
+        &mut helpers,
+        proxied,
+    );
+    drop(helpers);
     drop(servers);
     drop(lab_guard);
     let outcome = outcome?;
@@ -433,6 +530,11 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     let mismatches = report::token_mismatches(&outcome.samples);
     let setup = [
         ("links", link_report),
+        (
+            "delay_mode",
+            applied.map_or(Json::Null, |m| Json::Str(m.label().into())),
+        ),
+        ("delay_check", delay_report),
         ("engine_flags", Json::Str(format!("{flags:?}"))),
     ];
     let results = report::results_json(
@@ -444,20 +546,19 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         &mismatches,
     );
     write(&out.join("results.json"), &results)?;
+    let delay_text = match (applied, a.delay.as_deref()) {
+        (Some(m), Some(d)) => format!(" + {d} each way ({})", m.label()),
+        _ => String::new(),
+    };
     let title = format!(
-        "transfer-rpc pipeline, {} stages, coordinator link {}{}",
-        a.stages,
-        a.rate,
-        a.delay
-            .as_deref()
-            .map(|d| format!(" + {d}"))
-            .unwrap_or_default()
+        "transfer-rpc pipeline, {} stages, coordinator link {}{delay_text}",
+        a.stages, a.rate,
     );
     write(
         &out.join("tokens_per_s.svg"),
         &svg::chart(&summary, &a.arms, &a.groups, &title),
     )?;
-    println!("\n{}", report::table(&summary, &targets));
+    println!("\n{title}\n{}", report::table(&summary, &targets));
     println!(
         "results: {}\nplot:    {}",
         out.join("results.json").display(),

@@ -56,6 +56,13 @@ enum Cmd {
         /// Servers, one per stage: HOST:PORT[,HOST:PORT...].
         #[arg(long, value_delimiter = ',', required = true)]
         servers: Vec<String>,
+        /// Where the servers reach each other (the destination a direct
+        /// copy names), one per server in `--servers` order (default:
+        /// `--servers`). Needed when the coordinator reaches the servers
+        /// through a relay they cannot use themselves, such as the bench's
+        /// user-space delay proxy on the coordinator's loopback.
+        #[arg(long, value_delimiter = ',')]
+        peer_endpoints: Vec<String>,
         /// Layer split ratios, one per server (default: equal).
         #[arg(long, default_value = "")]
         tensor_split: String,
@@ -115,6 +122,7 @@ fn run(cli: Cli) -> transfer_rpc::Result<()> {
         Cmd::Run {
             model,
             servers,
+            peer_endpoints,
             tensor_split,
             arm,
             streams,
@@ -131,6 +139,7 @@ fn run(cli: Cli) -> transfer_rpc::Result<()> {
             let spec = RunSpec {
                 model,
                 endpoints: servers,
+                peer_endpoints: (!peer_endpoints.is_empty()).then_some(peer_endpoints),
                 ratios,
                 arm,
                 streams,

@@ -334,10 +334,11 @@ impl Boundary {
                 // connection is served in order) and after PEER_BARRIER on
                 // the destination; 0 means a recoverable failure (peer
                 // unreachable or refusing): this step goes through the hub.
-                let endpoint = dst.client.endpoint().to_owned();
+                // The source server connects to the destination itself:
+                // the address the servers use, not the coordinator's.
                 let landed = src
                     .client
-                    .copy_tensor_to(&self.src, &self.dst, self.bytes, &endpoint)
+                    .copy_tensor_to(&self.src, &self.dst, self.bytes, &dst.peer_endpoint)
                     .map_err(|e| stage_error(src.index, &src.endpoint, e))?;
                 if !landed {
                     self.runtime_fallbacks += 1;

@@ -29,6 +29,11 @@ type StepInputs = (Vec<u8>, Vec<u8>, Vec<u8>);
 pub struct PipelineConfig {
     /// Servers, one per stage, in stage order.
     pub endpoints: Vec<String>,
+    /// Where the servers reach each other (the destination of a direct
+    /// copy), one per stage like `endpoints`; `None`: `endpoints`. Differs
+    /// when the coordinator reaches the servers through a relay that the
+    /// servers cannot use (the bench's user-space delay proxy).
+    pub peer_endpoints: Option<Vec<String>>,
     /// Tensor-split ratios (one per stage).
     pub ratios: Vec<f64>,
     /// Requested boundary path.
@@ -117,6 +122,17 @@ impl Pipeline {
                 ),
             ));
         }
+        let peers = config.peer_endpoints.as_ref().unwrap_or(&config.endpoints);
+        if peers.len() != config.endpoints.len() {
+            return Err(RpcError::refused(
+                "pipeline",
+                format!(
+                    "{} servers but {} peer endpoints",
+                    config.endpoints.len(),
+                    peers.len()
+                ),
+            ));
+        }
         if config.streams == 0 || config.ctx == 0 {
             return Err(RpcError::refused(
                 "pipeline",
@@ -135,14 +151,15 @@ impl Pipeline {
             ..config.client.clone()
         };
         let mut stages = Vec::with_capacity(ranges.len());
-        for (i, (ep, layers)) in config.endpoints.iter().zip(ranges).enumerate() {
+        for (i, ((ep, peer), layers)) in config.endpoints.iter().zip(peers).zip(ranges).enumerate()
+        {
             let shape = StageShape {
                 layers,
                 is_last: i == last,
                 n_tokens: config.streams,
                 kv_size,
             };
-            stages.push(Stage::setup(i, ep, client.clone(), model, shape)?);
+            stages.push(Stage::setup(i, ep, peer, client.clone(), model, shape)?);
         }
         let mut boundaries = Vec::new();
         let mut fallbacks = Vec::new();

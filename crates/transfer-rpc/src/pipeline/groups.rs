@@ -28,6 +28,9 @@ pub struct RunSpec {
     pub model: PathBuf,
     /// The P servers.
     pub endpoints: Vec<String>,
+    /// Where the servers reach each other, one per server like `endpoints`
+    /// (see [`PipelineConfig::peer_endpoints`]); `None`: `endpoints`.
+    pub peer_endpoints: Option<Vec<String>>,
     /// Tensor-split ratios (one per server).
     pub ratios: Vec<f64>,
     /// Requested boundary path.
@@ -79,11 +82,13 @@ pub fn ring_endpoints(endpoints: &[String], g: usize) -> Vec<String> {
     (0..p).map(|i| endpoints[(i + g) % p].clone()).collect()
 }
 
-fn setup(spec: &RunSpec, endpoints: Vec<String>) -> Result<Pipeline> {
+fn setup(spec: &RunSpec, g: usize, endpoints: Vec<String>) -> Result<Pipeline> {
     let mut model = LlamaModel::open(&spec.model)?;
     let len = spec.prompts.first().map_or(0, Vec::len) as u32;
     let config = PipelineConfig {
         endpoints,
+        // Rotated like the endpoints, so each stays with its server.
+        peer_endpoints: spec.peer_endpoints.as_ref().map(|p| ring_endpoints(p, g)),
         ratios: spec.ratios.clone(),
         arm: spec.arm,
         streams: spec.streams,
@@ -103,6 +108,18 @@ pub fn run_groups(spec: &RunSpec) -> Result<GroupsResult> {
             "need at least one group and one server",
         ));
     }
+    if let Some(p) = &spec.peer_endpoints
+        && p.len() != spec.endpoints.len()
+    {
+        return Err(RpcError::refused(
+            "groups",
+            format!(
+                "{} servers but {} peer endpoints",
+                spec.endpoints.len(),
+                p.len()
+            ),
+        ));
+    }
     std::thread::scope(|scope| {
         let (ready_tx, ready_rx) = mpsc::channel::<(usize, Result<()>)>();
         let mut go = Vec::new();
@@ -113,7 +130,7 @@ pub fn run_groups(spec: &RunSpec) -> Result<GroupsResult> {
             go.push(go_tx);
             let ready = ready_tx.clone();
             handles.push(scope.spawn(move || -> Result<Option<GroupRun>> {
-                let mut pipeline = match setup(spec, endpoints.clone()) {
+                let mut pipeline = match setup(spec, g, endpoints.clone()) {
                     Ok(p) => {
                         let _ = ready.send((g, Ok(())));
                         p

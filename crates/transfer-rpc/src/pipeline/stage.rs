@@ -21,8 +21,12 @@ const UPLOAD_CHUNK: usize = 64 << 20;
 pub struct Stage {
     /// Stage index (0 holds the first layers).
     pub index: usize,
-    /// The server's endpoint.
+    /// The server's endpoint (where the coordinator connects).
     pub endpoint: String,
+    /// Where the other servers reach this one (the destination a direct
+    /// copy names): `endpoint` unless the coordinator goes through a relay
+    /// that the servers cannot use (the bench's delay proxy).
+    pub peer_endpoint: String,
     /// The coordinator's connection to the server.
     pub client: Client,
     /// The serialised graph and its input/output tensors.
@@ -55,10 +59,12 @@ pub fn tensor_bytes(call: &'static str, t: &RpcTensor) -> Result<u64> {
 
 impl Stage {
     /// Connects to `endpoint`, allocates the stage's buffers, uploads its
-    /// weights and clears its KV cache.
+    /// weights and clears its KV cache. `peer_endpoint` is where the other
+    /// servers reach this one.
     pub fn setup(
         index: usize,
         endpoint: &str,
+        peer_endpoint: &str,
         config: ClientConfig,
         model: &mut LlamaModel,
         shape: StageShape,
@@ -91,6 +97,7 @@ impl Stage {
         let mut stage = Stage {
             index,
             endpoint: endpoint.to_owned(),
+            peer_endpoint: peer_endpoint.to_owned(),
             client,
             graph,
             buffers,
