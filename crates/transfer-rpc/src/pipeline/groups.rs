@@ -209,4 +209,30 @@ mod tests {
         assert_eq!(ring_endpoints(&eps, 2), ["c", "a", "b"]);
         assert_eq!(ring_endpoints(&eps, 3), ["a", "b", "c"]);
     }
+
+    #[test]
+    fn peer_endpoints_must_name_every_server() {
+        let eps: Vec<String> = ["a:1", "b:1"].iter().map(|s| (*s).to_owned()).collect();
+        let spec = RunSpec {
+            model: PathBuf::from("/nonexistent.gguf"),
+            endpoints: eps.clone(),
+            peer_endpoints: Some(vec!["x:1".to_owned()]),
+            ratios: vec![1.0; 2],
+            arm: Arm::Direct,
+            streams: 1,
+            prompts: vec![vec![1]],
+            tokens: 1,
+            groups: 1,
+            client: ClientConfig::default(),
+            keep_logits: false,
+            engine_wait_ms: 1,
+        };
+        // Refused before any connection or file is opened.
+        let err = run_groups(&spec).map(|_| ()).map_err(|e| e.to_string());
+        assert!(
+            err.as_ref()
+                .is_err_and(|e| e.contains("2 servers but 1 peer endpoints")),
+            "{err:?}"
+        );
+    }
 }
