@@ -691,8 +691,11 @@ fn server_processes_started_with_engine_flags() {
 
 /// Median round trip of a 1 MiB boundary: ENGINE_WRITE + ENGINE_WAIT vs
 /// COPY_TENSOR_TO (+ PEER_BARRIER inside the source server), engines on
-/// libfabric tcp and shm.
+/// libfabric tcp and shm. A measurement, not a check (the data paths are
+/// tested above): `cargo test -p transfer-rpc --features engine --release
+/// --test engine_link -- --ignored --nocapture measure`.
 #[test]
+#[ignore = "measurement; run with --ignored --nocapture"]
 fn measure_one_mib_boundary() {
     for provider in ["tcp", "shm"] {
         let open_link = || {

@@ -511,6 +511,10 @@ mod engine_arm {
             },
         )
         .unwrap();
+        // Only the broken boundary gets a short wait: a healthy write on a
+        // slow CI machine must not be mistaken for a failure.
+        p.boundaries[0].engine_wait_ms = 30_000;
+        p.boundaries[1].engine_wait_ms = 300;
         // Break the second boundary behind the coordinator's back: its
         // source no longer knows the outbound target, so the next write is
         // refused and the destination's wait times out.
