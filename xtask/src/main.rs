@@ -34,7 +34,7 @@ commands:
                       the transfer-rpc pipeline over P namespace servers, the
                       coordinator's link shaped (root; --delay with netem, or
                       a user-space delay proxy where the kernel lacks sch_netem)
-  verbs-vm            only the transfer-verbs suite in the soft-RoCE VM
+  verbs-vm            only the soft-RoCE VM step (transfer-verbs suite, engine link)
   deps                install (or print how to install) the system packages
 ";
 

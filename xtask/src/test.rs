@@ -104,13 +104,20 @@ fn rpc_against_llama_cpp() -> Result<(), String> {
 pub fn verbs_vm() -> Result<(), String> {
     deps::ensure(&deps::VERBS_VM)?;
     let mut cmd = std::process::Command::new("crates/transfer-verbs/vm/run.sh");
+    // The transfer-rpc engine link runs there too, over the native verbs
+    // backend: the pipeline's engine arm on RC QPs, not only on libfabric.
+    // Only the cases that need no libfabric and no host binaries.
     cmd.args([
         "--build",
+        "--build-test",
+        "-p transfer-rpc --features engine --test engine_link",
         "--",
-        "conformance && verbs_device && verbs_device --ignored --exact drop_releases_every_kernel_object",
+        "conformance && verbs_device && verbs_device --ignored --exact drop_releases_every_kernel_object \
+         && TRANSFER_RPC_TEST_ENGINE=ibverbs engine_link steps_land pipelined refusals lanes_unique \
+         free_buffer session_end dead_destination",
     ]);
     step::run(
-        "transfer-verbs conformance over soft-RoCE (qemu VM)",
+        "transfer-verbs conformance and the transfer-rpc engine link over soft-RoCE (qemu VM)",
         &mut cmd,
     )
 }

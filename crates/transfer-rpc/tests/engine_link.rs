@@ -21,14 +21,31 @@ use transfer_rpc::server::{ServerConfig, ServerHandle};
 const N: u32 = 4096; // f32 elements per boundary tensor (16 KiB)
 const TENSOR_OFFSET: u64 = 256;
 
+/// The backend these tests run the engine link over: libfabric `tcp` on
+/// loopback by default; `TRANSFER_RPC_TEST_ENGINE=ibverbs` runs the same
+/// tests over the native verbs backend (what `cargo xtask test` does inside
+/// its soft-RoCE VM).
+fn test_provider() -> String {
+    std::env::var("TRANSFER_RPC_TEST_ENGINE").unwrap_or_else(|_| "tcp".into())
+}
+
 fn link_with(peer_timeout: Duration) -> Option<Arc<EngineLink>> {
-    let mut c = EngineLinkConfig::loopback("tcp");
+    let provider = test_provider();
+    let mut c = if provider == transfer_rpc::engine_link::NATIVE_VERBS {
+        EngineLinkConfig::new(provider.as_str())
+    } else {
+        EngineLinkConfig::loopback(provider.as_str())
+    };
     c.peer_timeout = peer_timeout;
     c.settle_timeout = Duration::from_secs(10);
     match EngineLink::open(c) {
         Ok(l) => Some(l),
+        // Asked for by name (the VM run): not opening is a failure.
+        Err(e) if std::env::var_os("TRANSFER_RPC_TEST_ENGINE").is_some() => {
+            panic!("TRANSFER_RPC_TEST_ENGINE={provider}: cannot open the engine: {e}")
+        }
         Err(e) => {
-            eprintln!("skipped: cannot open a libfabric tcp engine: {e}");
+            eprintln!("skipped: cannot open a {provider} engine: {e}");
             None
         }
     }

@@ -9,12 +9,17 @@
 #     --build     build transfer-verbs' test binaries here first
 #                 (cargo test -p transfer-verbs --no-run --message-format=json)
 #                 and copy them all in (/opt/bin/<test name>)
+#     --build-test "CARGO TEST ARGS"
+#                 also build these test binaries (e.g. "-p transfer-rpc
+#                 --features engine --test engine_link") and copy them in
 #     --bin PATH  copy PATH (and the shared libraries ldd lists) to /opt/bin
 #     COMMAND     run inside the VM by /bin/sh, cwd /tmp, PATH=/opt/bin:...
 #                 (default: every copied binary in turn, each must exit 0)
-#   Example (what CI runs):
-#     crates/transfer-verbs/vm/run.sh --build -- 'conformance && verbs_device &&
-#       verbs_device --ignored --exact drop_releases_every_kernel_object'
+#   Example (what CI runs, see xtask/src/test.rs for the whole command):
+#     crates/transfer-verbs/vm/run.sh --build \
+#       --build-test "-p transfer-rpc --features engine --test engine_link" -- \
+#       'conformance && verbs_device && TRANSFER_RPC_TEST_ENGINE=ibverbs engine_link'
+
 #
 # Environment:
 #   RXE_VM_CACHE  where the kernel .deb and extracted modules are cached
@@ -50,9 +55,11 @@ die() { log "error: $*"; exit 1; }
 
 BINS=()
 BUILD=0
+EXTRA_TESTS=()
 while [ $# -gt 0 ]; do
 	case $1 in
 	--build) BUILD=1; shift ;;
+	--build-test) [ $# -ge 2 ] || die "--build-test needs cargo test arguments"; EXTRA_TESTS+=("$2"); shift 2 ;;
 	--bin) [ $# -ge 2 ] || die "--bin needs a path"; BINS+=("$2"); shift 2 ;;
 	--) shift; break ;;
 	-h|--help) sed -n '2,30p' "$0"; exit 0 ;;
@@ -74,13 +81,16 @@ RXE_PROVIDER=$(ls /usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav*.so 2>/dev/n
 busybox --list | grep -x sh >/dev/null || die "busybox has no sh applet (install busybox-static)"
 
 # ------------------------------------------------------------------ test binaries
-if [ $BUILD = 1 ]; then
-	log "building transfer-verbs test binaries"
+# build_tests ARGS...: cargo test --no-run ARGS, every test executable it
+# builds appended to BINS.
+build_tests() {
+	log "building test binaries: cargo test --no-run $*"
 	JSON=$(mktemp)
 	# Compiler diagnostics are printed (rendered) if the build fails.
-	if ! (cd "$REPO" && cargo test -p transfer-verbs --no-run --message-format=json-render-diagnostics >"$JSON"); then
-		rm -f "$JSON"; die "cargo test -p transfer-verbs --no-run failed"
+	if ! (cd "$REPO" && cargo test "$@" --no-run --message-format=json-render-diagnostics >"$JSON"); then
+		rm -f "$JSON"; die "cargo test $* --no-run failed"
 	fi
+	local before=${#BINS[@]}
 	while read -r exe; do BINS+=("$exe"); done < <(python3 -c '
 import json, sys
 for line in open(sys.argv[1]):
@@ -89,8 +99,15 @@ for line in open(sys.argv[1]):
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
         print(m["executable"])' "$JSON")
 	rm -f "$JSON"
-	[ ${#BINS[@]} -gt 0 ] || die "cargo built no test binary"
+	[ ${#BINS[@]} -gt "$before" ] || die "cargo test $* built no test binary"
+}
+if [ $BUILD = 1 ]; then
+	build_tests -p transfer-verbs
 fi
+for t in "${EXTRA_TESTS[@]}"; do
+	# shellcheck disable=SC2086 # the arguments are meant to be split
+	build_tests $t
+done
 [ ${#BINS[@]} -gt 0 ] || [ -n "$CMD" ] || die "nothing to run: give --build, --bin PATH or a command"
 
 # ------------------------------------------------------------------ kernel (cached)

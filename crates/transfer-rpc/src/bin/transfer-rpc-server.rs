@@ -59,7 +59,8 @@ struct Cli {
 #[derive(Debug, clap::Args)]
 struct EngineArgs {
     /// Start a TransferEngine on this libfabric provider (`tcp`, `shm`,
-    /// `efa`, or a raw libfabric name) and serve ENGINE_* (off by default).
+    /// `efa`, or a raw libfabric name), or `ibverbs` for the native verbs
+    /// backend (ConnectX, soft-RoCE), and serve ENGINE_* (off by default).
     #[arg(long, value_name = "PROVIDER")]
     engine: Option<String>,
     /// Source address the engine's endpoints bind to (IP providers): the
@@ -68,7 +69,9 @@ struct EngineArgs {
     #[arg(long, value_name = "ADDR", requires = "engine")]
     engine_node: Option<String>,
     /// Only use this libfabric domain: on tcp the network interface (e.g.
-    /// `eth0`, `veth1`), on efa the device (e.g. `rdmap16s27`).
+    /// `eth0`, `veth1`), on efa the device (e.g. `rdmap16s27`); with
+    /// `--engine ibverbs` the verbs device (e.g. `mlx5_0`, `rxe0`; port and
+    /// GID index from TRANSFER_VERBS_PORT / TRANSFER_VERBS_GID_INDEX).
     #[arg(long, value_name = "IFACE", requires = "engine")]
     engine_iface: Option<String>,
     /// NICs (libfabric domains) the engine uses; 0 = all the provider offers.

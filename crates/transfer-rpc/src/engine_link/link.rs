@@ -58,14 +58,23 @@ impl std::fmt::Debug for EngineLink {
     }
 }
 
+/// The provider name that selects the native ibverbs backend instead of a
+/// libfabric provider (libfabric's own `verbs` provider stays `verbs`).
+pub const NATIVE_VERBS: &str = "ibverbs";
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl EngineLink {
-    /// Opens the libfabric provider of `config` and starts an engine on it.
+    /// Opens the backend of `config` and starts an engine on it: the native
+    /// ibverbs backend for provider [`NATIVE_VERBS`], else that libfabric
+    /// provider.
     pub fn open(config: EngineLinkConfig) -> Result<Arc<EngineLink>> {
         const CALL: &str = "EngineLink::open";
+        if config.provider == NATIVE_VERBS {
+            return Self::open_verbs(config);
+        }
         let provider = Provider::parse(&config.provider);
         let mut fabric = Config::new(provider.clone()).with_peer_timeout(config.peer_timeout);
         fabric.node = config.node.clone();
@@ -80,6 +89,30 @@ impl EngineLink {
             .build()
             .map_err(|e| engine_error(CALL, e))?;
         let description = format!("libfabric {provider}: {}", names.join(", "));
+        EngineLink::with_engine(engine, description, config)
+    }
+
+    /// The native ibverbs backend (transfer-verbs: RC QPs, UD handshake):
+    /// `config.domain` picks the device (default: the first with an active
+    /// port), `config.nics` opens that many domains on it (at least one);
+    /// port and GID index come from the TRANSFER_VERBS_* environment.
+    fn open_verbs(config: EngineLinkConfig) -> Result<Arc<EngineLink>> {
+        const CALL: &str = "EngineLink::open (ibverbs)";
+        let mut verbs = transfer_verbs::VerbsConfig::from_env();
+        if config.domain.is_some() {
+            verbs.device.clone_from(&config.domain);
+        }
+        let domains = transfer_verbs::VerbsDomain::open_many(&verbs, config.nics.max(1))
+            .map_err(|e| engine_error(CALL, e))?;
+        let engine = TransferEngine::builder()
+            .group(domains)
+            .build()
+            .map_err(|e| engine_error(CALL, e))?;
+        let description = format!(
+            "ibverbs {} x{}",
+            verbs.device.as_deref().unwrap_or("(first active device)"),
+            config.nics.max(1)
+        );
         EngineLink::with_engine(engine, description, config)
     }
 

@@ -26,5 +26,5 @@ pub mod session_state;
 
 pub use config::EngineLinkConfig;
 pub use lanes::LaneTable;
-pub use link::EngineLink;
+pub use link::{EngineLink, NATIVE_VERBS};
 pub use session_state::EngineSession;
