@@ -11,6 +11,7 @@ use std::sync::{Arc, OnceLock};
 use llama_cpp_sys_2 as sys;
 use transfer_rpc::RpcError;
 use transfer_rpc::client::ClientConfig;
+use transfer_rpc::pipeline::synthetic::WeightType;
 use transfer_rpc::pipeline::{
     Arm, GroupsResult, RunReport, RunSpec, SyntheticSpec, default_prompts, run_groups,
 };
@@ -26,10 +27,19 @@ const SPEC: SyntheticSpec = SyntheticSpec {
     n_ff: 128,
     n_vocab: 128,
     seed: 7,
+    weight_type: WeightType::F32,
 };
 const STREAMS: u32 = 3;
 const PROMPT_LEN: u32 = 4;
 const NEW_TOKENS: u32 = 10;
+/// The weight types besides F32 the coordinator is checked on.
+const QUANTIZED: [WeightType; 3] = [WeightType::F16, WeightType::Q8_0, WeightType::Q4_0];
+/// Largest |logit - llama.cpp's| accepted on the quantized models. Measured
+/// (x86-64 AVX2): 0 for F16 and Q8_0 (same kernels, same batch shapes),
+/// 4.8e-7 for Q4_0 (llama.cpp repacks Q4_0 layer weights into its
+/// CPU_REPACK layout, whose kernel sums in another order); the margin
+/// leaves room for other CPUs' repack kernels.
+const QUANT_LOGIT_TOLERANCE: f32 = 1e-4;
 
 struct Fixture {
     path: PathBuf,
@@ -109,15 +119,35 @@ fn llama_reference(
     (tokens, logits)
 }
 
+/// The F32 model and llama.cpp's answers on it.
 fn fixture() -> &'static Fixture {
-    static F: OnceLock<Fixture> = OnceLock::new();
-    F.get_or_init(|| {
+    typed_fixture(WeightType::F32)
+}
+
+/// `SPEC` with its matrices of type `ty` (written by ggml's own quantizer)
+/// and llama.cpp's answers on it, made once per type.
+fn typed_fixture(ty: WeightType) -> &'static Fixture {
+    static F: [OnceLock<Fixture>; WeightType::ALL.len()] =
+        [const { OnceLock::new() }; WeightType::ALL.len()];
+    // llama.cpp's backend init and model loading are process-global:
+    // references for different types are made one at a time.
+    static LLAMA: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let i = WeightType::ALL.iter().position(|t| *t == ty).unwrap();
+    F[i].get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("trpc-pipeline-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("tiny-llama.gguf");
-        SPEC.write(&path).unwrap();
+        let path = dir.join(format!("tiny-llama-{}.gguf", ty.name()));
+        SyntheticSpec {
+            weight_type: ty,
+            ..SPEC
+        }
+        .write(&path)
+        .unwrap();
         let prompts = default_prompts(STREAMS, PROMPT_LEN, SPEC.n_vocab);
-        let (ref_tokens, ref_logits) = llama_reference(&path, &prompts, NEW_TOKENS);
+        let (ref_tokens, ref_logits) = {
+            let _one_at_a_time = LLAMA.lock().unwrap_or_else(|e| e.into_inner());
+            llama_reference(&path, &prompts, NEW_TOKENS)
+        };
         Fixture {
             path,
             prompts,
@@ -152,7 +182,10 @@ fn endpoints(s: &[ServerHandle]) -> Vec<String> {
 }
 
 fn spec(endpoints: Vec<String>, arm: Arm, groups: usize) -> RunSpec {
-    let f = fixture();
+    spec_for(fixture(), endpoints, arm, groups)
+}
+
+fn spec_for(f: &Fixture, endpoints: Vec<String>, arm: Arm, groups: usize) -> RunSpec {
     RunSpec {
         model: f.path.clone(),
         ratios: vec![1.0; endpoints.len()],
@@ -170,13 +203,25 @@ fn spec(endpoints: Vec<String>, arm: Arm, groups: usize) -> RunSpec {
 }
 
 fn run(endpoints: Vec<String>, arm: Arm, groups: usize) -> (GroupsResult, RunReport) {
-    let r = run_groups(&spec(endpoints, arm, groups)).unwrap();
+    run_for(fixture(), endpoints, arm, groups)
+}
+
+fn run_for(
+    f: &Fixture,
+    endpoints: Vec<String>,
+    arm: Arm,
+    groups: usize,
+) -> (GroupsResult, RunReport) {
+    let r = run_groups(&spec_for(f, endpoints, arm, groups)).unwrap();
     let report = RunReport::new(arm, STREAMS, NEW_TOKENS, &r).unwrap();
     (r, report)
 }
 
 fn max_logit_diff(r: &GroupsResult) -> f32 {
-    let f = fixture();
+    max_logit_diff_for(fixture(), r)
+}
+
+fn max_logit_diff_for(f: &Fixture, r: &GroupsResult) -> f32 {
     let mut d = 0f32;
     for (ours, theirs) in r.groups[0].output.logits.iter().zip(&f.ref_logits) {
         assert_eq!(ours.len(), theirs.len());
@@ -207,6 +252,55 @@ fn tokens_equal_llama_cpp_for_one_to_four_stages() {
         for h in &s {
             assert_eq!(h.shared().refused_connections(), 0);
         }
+    }
+}
+
+/// The quantized (and F16) models, whose matrices the servers multiply in
+/// ggml's quantized kernels: the tokens are llama.cpp's on 1 and 3 stages,
+/// hub and direct alike, and the logits within `QUANT_LOGIT_TOLERANCE`.
+#[test]
+fn quantized_models_give_llama_cpp_tokens_on_one_and_three_stages() {
+    for ty in QUANTIZED {
+        let f = typed_fixture(ty);
+        let mut worst = 0f32;
+        for (p, arm) in [(1, Arm::Direct), (3, Arm::Direct), (3, Arm::Hub)] {
+            let s = servers(p);
+            let (r, report) = run_for(f, endpoints(&s), arm, 1);
+            let diff = max_logit_diff_for(f, &r);
+            worst = worst.max(diff);
+            println!(
+                "{ty} P={p} {arm}: max |logit - llama.cpp| = {diff:e}, md5 {}",
+                report.tokens_md5
+            );
+            assert_eq!(r.groups[0].output.tokens, f.ref_tokens, "{ty} P={p} {arm}");
+            assert!(
+                diff <= QUANT_LOGIT_TOLERANCE,
+                "{ty} P={p} {arm}: max logit difference {diff}"
+            );
+            assert!(report.fallbacks.is_empty(), "{ty}: {:?}", report.fallbacks);
+            if p > 1 {
+                assert_eq!(report.arm_used, arm.to_string());
+            }
+            for h in &s {
+                assert_eq!(h.shared().refused_connections(), 0);
+            }
+        }
+        println!("{ty}: worst max |logit - llama.cpp| = {worst:e}");
+    }
+    // The types really differ: each quantization moves the logits away
+    // from the F32 model's (so no run above silently used F32 weights).
+    let f32_logits = &fixture().ref_logits;
+    for ty in QUANTIZED {
+        let q = &typed_fixture(ty).ref_logits;
+        let moved = q
+            .iter()
+            .flatten()
+            .flatten()
+            .zip(f32_logits.iter().flatten().flatten())
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        println!("{ty}: max |logit - F32 model's| = {moved:e}");
+        assert!(moved > 1e-4, "{ty}: logits equal the F32 model's");
     }
 }
 
@@ -435,6 +529,22 @@ mod engine_arm {
             assert_eq!(report.arm_used, if p == 1 { "none" } else { "engine" });
             assert!(report.fallbacks.is_empty(), "P={p}: {:?}", report.fallbacks);
             assert_eq!(report.runtime_fallbacks, 0, "P={p}");
+        }
+    }
+
+    #[test]
+    fn engine_arm_gives_the_reference_tokens_on_quantized_models() {
+        for ty in QUANTIZED {
+            let f = typed_fixture(ty);
+            let Some(s) = engine_servers(3) else { return };
+            let (r, report) = run_for(f, endpoints(&s), Arm::Engine, 1);
+            let diff = max_logit_diff_for(f, &r);
+            println!("{ty} P=3 engine: max |logit - llama.cpp| = {diff:e}");
+            assert_eq!(r.groups[0].output.tokens, f.ref_tokens, "{ty}");
+            assert!(diff <= QUANT_LOGIT_TOLERANCE, "{ty}: {diff}");
+            assert_eq!(report.arm_used, "engine");
+            assert!(report.fallbacks.is_empty(), "{ty}: {:?}", report.fallbacks);
+            assert_eq!(report.runtime_fallbacks, 0, "{ty}");
         }
     }
 

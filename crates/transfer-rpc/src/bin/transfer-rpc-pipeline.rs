@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use transfer_rpc::client::ClientConfig;
 use transfer_rpc::pipeline::placement::parse_tensor_split;
+use transfer_rpc::pipeline::synthetic::WeightType;
 use transfer_rpc::pipeline::{
     Arm, LlamaModel, RunReport, RunSpec, SyntheticSpec, default_prompts, run_groups,
 };
@@ -21,7 +22,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Cmd {
-    /// Write a random-weight llama GGUF (F32).
+    /// Write a random-weight llama GGUF (F32 norms; matrices, token_embd and
+    /// output of `--weight-type`).
     MakeModel {
         /// Output path.
         #[arg(long)]
@@ -47,6 +49,11 @@ enum Cmd {
         /// Seed of the weights.
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Type of the weight matrices (token_embd and output included):
+        /// f32, f16, q8_0 or q4_0 (quantized by ggml itself; n_embd and
+        /// n_ff must then be multiples of 32).
+        #[arg(long, default_value = "f32")]
+        weight_type: String,
     },
     /// Run greedy decoding over the servers.
     Run {
@@ -105,8 +112,10 @@ fn run(cli: Cli) -> transfer_rpc::Result<()> {
             n_ff,
             n_vocab,
             seed,
+            weight_type,
         } => {
             let spec = SyntheticSpec {
+                weight_type: WeightType::parse(&weight_type)?,
                 n_embd,
                 n_layer,
                 n_head,

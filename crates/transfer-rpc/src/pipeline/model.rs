@@ -362,6 +362,7 @@ mod tests {
             n_ff: 48,
             n_vocab: 20,
             seed: 3,
+            ..SyntheticSpec::default()
         };
         let p = temp("ok");
         spec.write(&p)?;

@@ -77,6 +77,23 @@ fn float(ty: u32) -> bool {
     matches!(ty, GGML_TYPE_F32 | GGML_TYPE_F16 | GGML_TYPE_BF16)
 }
 
+/// Types ggml-cpu has no row kernels for: `type_traits_cpu` (ggml-cpu.c)
+/// gives them no `vec_dot`, so MUL_MAT would call a null pointer, and
+/// `ggml_compute_forward_get_rows` (ops.cpp) aborts on them or, for q8_1
+/// (no `to_float`), calls a null pointer. Every other known type has both.
+const CPU_NO_ROW_KERNELS: [&str; 7] = ["q8_1", "q8_K", "i8", "i16", "i32", "i64", "f64"];
+
+/// A MUL_MAT `src0` type ggml-cpu multiplies (it has a `vec_dot`).
+fn cpu_mul_mat_src0(ty: u32) -> bool {
+    type_info(ty).is_some_and(|i| !CPU_NO_ROW_KERNELS.contains(&i.name))
+}
+
+/// A GET_ROWS source ggml-cpu reads: the MUL_MAT types plus I32 (copied
+/// by the f32 path).
+fn cpu_get_rows_src(ty: u32) -> bool {
+    ty == GGML_TYPE_I32 || cpu_mul_mat_src0(ty)
+}
+
 fn divides(small: u32, big: u32) -> bool {
     small != 0 && big % small == 0
 }
@@ -181,6 +198,7 @@ pub fn check_node(
                 || !divides(a.ne[2], b.ne[2])
                 || !divides(a.ne[3], b.ne[3])
                 || transposed
+                || !cpu_mul_mat_src0(a.ty)
                 || u64::from(a.nb[0]) != ai.type_size
                 || b.ty != GGML_TYPE_F32
                 || r.ty != GGML_TYPE_F32
@@ -238,7 +256,7 @@ pub fn check_node(
         }
         GGML_OP_GET_ROWS => {
             let a = src(0)?;
-            let ok_type = (r.ty == GGML_TYPE_F32 && type_info(a.ty).is_some())
+            let ok_type = (r.ty == GGML_TYPE_F32 && cpu_get_rows_src(a.ty))
                 || (a.ty == GGML_TYPE_I32 && r.ty == GGML_TYPE_I32);
             if !ok_type || !rows_contiguous(r) {
                 return refuse(op, "get_rows types");
@@ -345,5 +363,82 @@ pub fn check_node(
             Ok(())
         }
         _ => refuse(op, "not on the compute allowlist"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::validate::types::GGML_TYPE_Q4_0;
+
+    const Q8_0: u32 = 8;
+    const Q8_1: u32 = 9;
+    const Q8_K: u32 = 15;
+    const Q4_K: u32 = 12;
+
+    /// A packed tensor of `ty` with `ne`.
+    fn packed(ty: u32, ne: [u32; 4]) -> RpcTensor {
+        let i = type_info(ty).map_or((1, 4), |i| (i.block_size, i.type_size));
+        let row = u64::from(ne[0]) / i.0 * i.1;
+        let nb1 = row as u32;
+        RpcTensor {
+            ty,
+            ne,
+            nb: [i.1 as u32, nb1, nb1 * ne[1], nb1 * ne[1] * ne[2]],
+            ..RpcTensor::default()
+        }
+    }
+
+    fn srcs<'a>(a: &'a RpcTensor, b: Option<&'a RpcTensor>) -> [Option<&'a RpcTensor>; MAX_SRC] {
+        let mut s = [None; MAX_SRC];
+        s[0] = Some(a);
+        s[1] = b;
+        s
+    }
+
+    /// MUL_MAT of a `ty` matrix [256, 8] by F32 activations [256, 3], as
+    /// ggml_mul_mat builds it.
+    fn mul_mat(ty: u32) -> Result<()> {
+        let w = packed(ty, [256, 8, 1, 1]);
+        let x = packed(GGML_TYPE_F32, [256, 3, 1, 1]);
+        let mut r = packed(GGML_TYPE_F32, [8, 3, 1, 1]);
+        r.op = OP_MUL_MAT;
+        check_node(&r, &srcs(&w, Some(&x)), None)
+    }
+
+    /// GET_ROWS of 2 rows of a `ty` table [256, 8] into F32, as
+    /// ggml_get_rows builds it.
+    fn get_rows(ty: u32) -> Result<()> {
+        let table = packed(ty, [256, 8, 1, 1]);
+        let idx = packed(GGML_TYPE_I32, [2, 1, 1, 1]);
+        let mut r = packed(GGML_TYPE_F32, [256, 2, 1, 1]);
+        r.op = GGML_OP_GET_ROWS;
+        check_node(&r, &srcs(&table, Some(&idx)), None)
+    }
+
+    #[test]
+    fn quantized_weights_are_multiplied_and_read() {
+        for ty in [GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_Q4_0, Q8_0, Q4_K] {
+            assert!(mul_mat(ty).is_ok(), "mul_mat src0 type {ty}");
+            assert!(get_rows(ty).is_ok(), "get_rows type {ty}");
+        }
+        // A quantized matrix whose rows are not packed blocks is refused.
+        let mut w = packed(Q8_0, [256, 8, 1, 1]);
+        w.nb[0] = 4;
+        let x = packed(GGML_TYPE_F32, [256, 3, 1, 1]);
+        let mut r = packed(GGML_TYPE_F32, [8, 3, 1, 1]);
+        r.op = OP_MUL_MAT;
+        assert!(check_node(&r, &srcs(&w, Some(&x)), None).is_err());
+    }
+
+    #[test]
+    fn types_without_cpu_row_kernels_are_refused() {
+        // ggml-cpu would call a null vec_dot / to_float or abort on these.
+        for ty in [Q8_1, Q8_K, 24, 25, GGML_TYPE_I32, 27, 28] {
+            assert!(mul_mat(ty).is_err(), "mul_mat src0 type {ty}");
+        }
+        for ty in [Q8_1, Q8_K, 24, 25, 27, 28] {
+            assert!(get_rows(ty).is_err(), "get_rows type {ty}");
+        }
     }
 }
