@@ -11,9 +11,11 @@ use std::sync::{Arc, OnceLock};
 use llama_cpp_sys_2 as sys;
 use transfer_rpc::RpcError;
 use transfer_rpc::client::ClientConfig;
+use transfer_rpc::pipeline::decode::prompts_of_lengths;
 use transfer_rpc::pipeline::synthetic::WeightType;
 use transfer_rpc::pipeline::{
-    Arm, GroupsResult, RunReport, RunSpec, SyntheticSpec, default_prompts, run_groups,
+    Arm, GroupsResult, LlamaModel, Pipeline, PipelineConfig, RunReport, RunSpec, SyntheticSpec,
+    default_prompts, run_groups,
 };
 use transfer_rpc::protocol::Command;
 use transfer_rpc::server::{GgmlCpuBackend, Server, ServerConfig, ServerHandle};
@@ -52,14 +54,19 @@ struct Fixture {
 /// F16 KV cache set explicitly (the coordinator's graph does the same), all
 /// streams decoded together, one token per stream per llama_decode (the
 /// batch shape of the coordinator's steps, so the matrix kernels see the
-/// same shapes), sequence b = stream b, one unified KV cache.
+/// same shapes), sequence b = stream b, one unified KV cache. Prompts may
+/// differ in length, fed as the coordinator does: at step i stream b feeds
+/// its prompt's token i, then the token it generated at step i - 1; a
+/// stream with all its tokens repeats its last one until the others finish
+/// (its logits ignored), so every llama_decode has all the streams.
 fn llama_reference(
     path: &Path,
     prompts: &[Vec<i32>],
     n_new: u32,
 ) -> (Vec<Vec<i32>>, Vec<Vec<Vec<f32>>>) {
     let b = prompts.len();
-    let len = prompts[0].len();
+    let max_len = prompts.iter().map(Vec::len).max().unwrap();
+    let n_new = n_new as usize;
     let mut tokens = vec![Vec::new(); b];
     let mut logits = vec![Vec::new(); b];
     // SAFETY: llama.h used as documented; every pointer is checked and the
@@ -87,14 +94,16 @@ fn llama_reference(
         let ctx = sys::llama_init_from_model(model, cp);
         assert!(!ctx.is_null(), "context");
         let batch = sys::llama_batch_init(b as i32, 0, 1);
-        for i in 0..len + n_new as usize - 1 {
+        for i in 0..max_len + n_new - 1 {
             let mut batch_i = batch;
             batch_i.n_tokens = b as i32;
             for s in 0..b {
+                let len = prompts[s].len();
                 *batch.token.add(s) = if i < len {
                     prompts[s][i]
                 } else {
-                    tokens[s][i - len]
+                    let g: &Vec<i32> = &tokens[s];
+                    g[(i - len).min(g.len() - 1)]
                 };
                 *batch.pos.add(s) = i as i32;
                 *batch.n_seq_id.add(s) = 1;
@@ -102,8 +111,8 @@ fn llama_reference(
                 *batch.logits.add(s) = 1;
             }
             assert_eq!(sys::llama_decode(ctx, batch_i), 0, "llama_decode");
-            if i + 1 >= len {
-                for s in 0..b {
+            for s in 0..b {
+                if i + 1 >= prompts[s].len() && tokens[s].len() < n_new {
                     let l = sys::llama_get_logits_ith(ctx, s as i32);
                     assert!(!l.is_null());
                     let l = std::slice::from_raw_parts(l, SPEC.n_vocab as usize).to_vec();
@@ -119,6 +128,34 @@ fn llama_reference(
     (tokens, logits)
 }
 
+/// llama.cpp's backend init and model loading are process-global:
+/// references are made one at a time.
+static LLAMA: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Prompt lengths of the ragged-prompt tests, one per stream: the shortest
+/// stream generates from step 1, the longest from step 4, and every stream
+/// finishes at another step.
+const RAGGED_LENS: [u32; STREAMS as usize] = [2, 5, 3];
+
+/// The F32 model with prompts of `RAGGED_LENS` and llama.cpp's answers.
+fn ragged_fixture() -> &'static Fixture {
+    static F: OnceLock<Fixture> = OnceLock::new();
+    F.get_or_init(|| {
+        let path = fixture().path.clone();
+        let prompts = prompts_of_lengths(&RAGGED_LENS, SPEC.n_vocab);
+        let (ref_tokens, ref_logits) = {
+            let _one_at_a_time = LLAMA.lock().unwrap_or_else(|e| e.into_inner());
+            llama_reference(&path, &prompts, NEW_TOKENS)
+        };
+        Fixture {
+            path,
+            prompts,
+            ref_tokens,
+            ref_logits,
+        }
+    })
+}
+
 /// The F32 model and llama.cpp's answers on it.
 fn fixture() -> &'static Fixture {
     typed_fixture(WeightType::F32)
@@ -129,9 +166,6 @@ fn fixture() -> &'static Fixture {
 fn typed_fixture(ty: WeightType) -> &'static Fixture {
     static F: [OnceLock<Fixture>; WeightType::ALL.len()] =
         [const { OnceLock::new() }; WeightType::ALL.len()];
-    // llama.cpp's backend init and model loading are process-global:
-    // references for different types are made one at a time.
-    static LLAMA: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let i = WeightType::ALL.iter().position(|t| *t == ty).unwrap();
     F[i].get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("trpc-pipeline-{}", std::process::id()));
@@ -301,6 +335,74 @@ fn quantized_models_give_llama_cpp_tokens_on_one_and_three_stages() {
             .fold(0f32, f32::max);
         println!("{ty}: max |logit - F32 model's| = {moved:e}");
         assert!(moved > 1e-4, "{ty}: logits equal the F32 model's");
+    }
+}
+
+/// Prompts of different lengths (2, 5, 3) decode in one batch: every
+/// stream's tokens and logits are llama.cpp's (fed the same way) on 1 and 3
+/// stages, hub and direct.
+#[test]
+fn ragged_prompts_give_llama_cpp_tokens_on_one_and_three_stages() {
+    let f = ragged_fixture();
+    // The ragged prompts really are ragged and change the answers.
+    let lens: Vec<usize> = f.prompts.iter().map(Vec::len).collect();
+    assert_eq!(lens, [2, 5, 3]);
+    assert_ne!(f.ref_tokens, fixture().ref_tokens);
+    for t in &f.ref_tokens {
+        assert_eq!(t.len(), NEW_TOKENS as usize);
+    }
+    for (p, arm) in [(1, Arm::Direct), (3, Arm::Direct), (3, Arm::Hub)] {
+        let s = servers(p);
+        let (r, report) = run_for(f, endpoints(&s), arm, 1);
+        let out = &r.groups[0].output;
+        let diff = max_logit_diff_for(f, &r);
+        println!(
+            "ragged P={p} {arm}: tokens {:?}, max |logit - llama.cpp| = {diff:e}",
+            out.tokens
+        );
+        assert_eq!(out.tokens, f.ref_tokens, "P={p} {arm}");
+        assert!(diff <= 1e-5, "P={p} {arm}: max logit difference {diff}");
+        // Generating steps: from the shortest prompt's last token (step 1)
+        // to the end (step 5 + 10 - 2 = 13).
+        assert_eq!(out.step_secs.len(), 13, "P={p} {arm}");
+        assert_eq!(report.runtime_fallbacks, 0);
+        for h in &s {
+            assert_eq!(h.shared().refused_connections(), 0);
+        }
+    }
+}
+
+/// The longest prompt sets the context: one cell short of it is refused
+/// before any step (naming the longest prompt), exactly enough decodes.
+#[test]
+fn ragged_prompts_need_the_longest_prompt_in_the_context() {
+    let f = ragged_fixture();
+    let s = servers(1);
+    let mut model = LlamaModel::open(&f.path).unwrap();
+    // Positions 0 ..= max_len + n_new - 2 are used.
+    let need = 5 + NEW_TOKENS - 1;
+    for ctx in [need - 1, need] {
+        let mut p = Pipeline::new(
+            &mut model,
+            &PipelineConfig {
+                endpoints: endpoints(&s),
+                peer_endpoints: None,
+                ratios: vec![1.0],
+                arm: Arm::Direct,
+                streams: STREAMS,
+                ctx,
+                client: ClientConfig::default(),
+                engine_wait_ms: 10_000,
+            },
+        )
+        .unwrap();
+        let r = p.greedy(&f.prompts, NEW_TOKENS, false);
+        if ctx < need {
+            let e = r.unwrap_err().to_string();
+            assert!(e.contains("5 prompt (the longest)"), "{e}");
+        } else {
+            assert_eq!(r.unwrap().tokens, f.ref_tokens);
+        }
     }
 }
 
@@ -486,7 +588,7 @@ fn a_server_dying_mid_run_is_an_error_naming_its_stage() {
 mod engine_arm {
     use super::*;
     use transfer_rpc::engine_link::{EngineLink, EngineLinkConfig};
-    use transfer_rpc::pipeline::{BoundaryPath, LlamaModel, Pipeline, PipelineConfig};
+    use transfer_rpc::pipeline::BoundaryPath;
     use transfer_rpc::protocol::engine::CloseKind;
 
     /// A server with its own engine, or `None` (reason printed).
@@ -583,6 +685,20 @@ mod engine_arm {
             assert_eq!((write.count, wait.count), (b, b));
             assert!(write.request_bytes / b < 400.0 && wait.request_bytes / b < 64.0);
             assert_eq!(hub.tokens_md5, engine.tokens_md5);
+        }
+    }
+
+    #[test]
+    fn engine_arm_gives_the_reference_tokens_on_ragged_prompts() {
+        let f = ragged_fixture();
+        for p in [1usize, 3] {
+            let Some(s) = engine_servers(p) else { return };
+            let (r, report) = run_for(f, endpoints(&s), Arm::Engine, 1);
+            assert_eq!(r.groups[0].output.tokens, f.ref_tokens, "P={p}");
+            assert!(max_logit_diff_for(f, &r) <= 1e-5, "P={p}");
+            assert_eq!(report.arm_used, if p == 1 { "none" } else { "engine" });
+            assert!(report.fallbacks.is_empty(), "P={p}: {:?}", report.fallbacks);
+            assert_eq!(report.runtime_fallbacks, 0, "P={p}");
         }
     }
 

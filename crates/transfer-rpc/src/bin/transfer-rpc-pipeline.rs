@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use transfer_rpc::client::ClientConfig;
+use transfer_rpc::pipeline::decode::prompts_of_lengths;
 use transfer_rpc::pipeline::placement::parse_tensor_split;
 use transfer_rpc::pipeline::synthetic::WeightType;
 use transfer_rpc::pipeline::{
@@ -82,6 +83,11 @@ enum Cmd {
         /// Prompt tokens per stream.
         #[arg(long, default_value_t = 8)]
         prompt_len: u32,
+        /// Ragged prompts: tokens of each stream's prompt, one per stream
+        /// (e.g. 3,5,8; overrides `--prompt-len`). Same token pattern as
+        /// the uniform prompts, truncated or extended per stream.
+        #[arg(long, value_delimiter = ',')]
+        prompt_lens: Vec<u32>,
         /// Tokens to generate per stream.
         #[arg(long, default_value_t = 32)]
         tokens: u32,
@@ -136,6 +142,7 @@ fn run(cli: Cli) -> transfer_rpc::Result<()> {
             arm,
             streams,
             prompt_len,
+            prompt_lens,
             tokens,
             groups,
             json,
@@ -145,6 +152,19 @@ fn run(cli: Cli) -> transfer_rpc::Result<()> {
             let arm = Arm::parse(&arm)?;
             let ratios = parse_tensor_split(&tensor_split, servers.len())?;
             let n_vocab = LlamaModel::open(&model)?.hparams.n_vocab;
+            let prompts = if prompt_lens.is_empty() {
+                default_prompts(streams, prompt_len, n_vocab)
+            } else if prompt_lens.len() != streams as usize {
+                return Err(transfer_rpc::RpcError::refused(
+                    "--prompt-lens",
+                    format!(
+                        "{} lengths for {streams} streams (one per stream)",
+                        prompt_lens.len()
+                    ),
+                ));
+            } else {
+                prompts_of_lengths(&prompt_lens, n_vocab)
+            };
             let spec = RunSpec {
                 model,
                 endpoints: servers,
@@ -152,7 +172,7 @@ fn run(cli: Cli) -> transfer_rpc::Result<()> {
                 ratios,
                 arm,
                 streams,
-                prompts: default_prompts(streams, prompt_len, n_vocab),
+                prompts,
                 tokens,
                 groups,
                 client: ClientConfig::default(),

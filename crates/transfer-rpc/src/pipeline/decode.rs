@@ -1,7 +1,8 @@
 //! The pipeline of stages and its greedy decode loop.
 //!
 //! Every step feeds one token per stream (prompt tokens first, one step at
-//! a time, through the same graph). The embeddings are looked up on the
+//! a time, through the same graph; prompts may differ in length, see
+//! [`Pipeline::greedy`]). The embeddings are looked up on the
 //! coordinator from `token_embd` and sent to stage 0; positions, KV cells
 //! and the mask are sent to every stage; the logits come back from the
 //! last stage and the next token is their argmax.
@@ -71,9 +72,11 @@ pub struct Pipeline {
 pub struct DecodeOutput {
     /// Generated tokens per stream.
     pub tokens: Vec<Vec<i32>>,
-    /// Logits of every generating step per stream (when asked for).
+    /// Logits per stream (when asked for): those its tokens were chosen
+    /// from, `n_new` per stream.
     pub logits: Vec<Vec<Vec<f32>>>,
-    /// Wall time of every generating step, seconds.
+    /// Wall time of every generating step (a step at which at least one
+    /// stream generates; see [`Pipeline::greedy`]), seconds.
     pub step_secs: Vec<f64>,
     /// Wall time of all generating steps, seconds.
     pub decode_secs: f64,
@@ -82,6 +85,22 @@ pub struct DecodeOutput {
     pub counters: CounterTable,
     /// Direct copies that fell back to the hub at run time.
     pub runtime_fallbacks: u64,
+}
+
+/// The tokens of step `i`, one per stream: the prompt's while it lasts,
+/// then the token generated at step `i - 1`; a stream that has all its
+/// tokens repeats its last one (see [`Pipeline::greedy`]).
+fn step_tokens(prompts: &[Vec<i32>], generated: &[Vec<i32>], i: usize) -> Result<Vec<i32>> {
+    prompts
+        .iter()
+        .zip(generated)
+        .map(|(p, g)| {
+            p.get(i)
+                .or_else(|| g.get(i - p.len()).or_else(|| g.last()))
+                .copied()
+                .ok_or_else(|| RpcError::refused("greedy decode", format!("no token for step {i}")))
+        })
+        .collect()
 }
 
 /// Index of the largest value (the first one on ties, like llama.cpp's
@@ -98,8 +117,17 @@ pub fn argmax(v: &[f32]) -> i32 {
 
 /// Deterministic prompts: `streams` prompts of `len` tokens below `n_vocab`.
 pub fn default_prompts(streams: u32, len: u32, n_vocab: u32) -> Vec<Vec<i32>> {
-    (0..streams)
-        .map(|b| {
+    prompts_of_lengths(&vec![len; streams as usize], n_vocab)
+}
+
+/// Deterministic prompts of the given lengths (one per stream), with the
+/// token pattern of [`default_prompts`]: stream b's prompt is the first
+/// `lens[b]` tokens of the same infinite sequence, so a ragged set is the
+/// uniform one truncated or extended per stream.
+pub fn prompts_of_lengths(lens: &[u32], n_vocab: u32) -> Vec<Vec<i32>> {
+    (0u32..)
+        .zip(lens)
+        .map(|(b, &len)| {
             (0..len)
                 .map(|i| ((1 + 37 * b + 11 * i + (b * i) % 7) % n_vocab.max(1)) as i32)
                 .collect()
@@ -385,8 +413,29 @@ impl Pipeline {
             .collect())
     }
 
-    /// Greedy decode: feeds the prompts (all of one length) and generates
-    /// `n_new` tokens per stream.
+    /// Greedy decode: feeds the prompts (one per stream, of any non-empty
+    /// lengths) and generates `n_new` tokens per stream.
+    ///
+    /// Every step feeds one token per stream at the same position `t` (one
+    /// set of step inputs for all streams; each stream has its own KV cells
+    /// and mask row, and every prompt starts at position 0): stream b feeds
+    /// `prompts[b][t]` while `t < len_b` and afterwards the token it
+    /// generated at step `t - 1`. Stream b's tokens are the argmax of its
+    /// logits at steps `len_b - 1 ..= len_b + n_new - 2`; the run takes
+    /// `max_b len_b + n_new - 1` steps.
+    ///
+    /// A stream that has its `n_new` tokens keeps feeding its last token
+    /// (its outputs are ignored) until the others finish. That wastes its
+    /// share of those steps' compute, accepted so that every step has the
+    /// same batch of `streams` tokens: one graph shape, built once and
+    /// re-run with GRAPH_RECOMPUTE, instead of a new graph (GRAPH_COMPUTE
+    /// on every stage) whenever a stream finishes.
+    ///
+    /// Generating steps (those in `step_secs`, `decode_secs` and
+    /// `counters`) are the steps at which at least one stream generates:
+    /// `min_b len_b - 1 ..` to the end; with prompts of one length these
+    /// are the steps from the prompt's last token on, as before ragged
+    /// prompts were allowed.
     pub fn greedy(
         &mut self,
         prompts: &[Vec<i32>],
@@ -394,45 +443,45 @@ impl Pipeline {
         keep_logits: bool,
     ) -> Result<DecodeOutput> {
         let b = self.streams as usize;
-        let len = prompts.first().map_or(0, Vec::len);
-        if prompts.len() != b || len == 0 || prompts.iter().any(|p| p.len() != len) {
+        if prompts.len() != b || prompts.iter().any(Vec::is_empty) {
             return Err(RpcError::refused(
                 "greedy decode",
-                "one non-empty prompt per stream, all of one length",
+                "one non-empty prompt per stream",
             ));
         }
-        if n_new == 0 || len as u64 + u64::from(n_new) - 1 > u64::from(self.ctx) {
+        let max_len = prompts.iter().map(Vec::len).max().unwrap_or(0);
+        let min_len = prompts.iter().map(Vec::len).min().unwrap_or(0);
+        if n_new == 0 || max_len as u64 + u64::from(n_new) - 1 > u64::from(self.ctx) {
             return Err(RpcError::refused(
                 "greedy decode",
                 format!(
-                    "{len} prompt + {n_new} new tokens do not fit a context of {}",
+                    "{max_len} prompt (the longest) + {n_new} new tokens do not fit a context of {}",
                     self.ctx
                 ),
             ));
         }
+        let n_new = n_new as usize;
         let mut out = DecodeOutput {
             tokens: vec![Vec::new(); b],
             logits: vec![Vec::new(); b],
             ..DecodeOutput::default()
         };
         let before: u64 = self.boundaries.iter().map(|x| x.runtime_fallbacks).sum();
-        let total = len + n_new as usize - 1;
+        let total = max_len + n_new - 1;
         for i in 0..total {
-            let tokens: Vec<i32> = prompts
-                .iter()
-                .zip(&out.tokens)
-                .map(|(p, g)| if i < len { p[i] } else { g[i - len] })
-                .collect();
+            let tokens = step_tokens(prompts, &out.tokens, i)?;
             let t0 = Instant::now();
             let logits = self.step(&tokens, i as u32)?;
-            let generating = i + 1 >= len;
-            if generating {
-                for (s, l) in logits.into_iter().enumerate() {
+            let generating = i + 1 >= min_len;
+            for (s, l) in logits.into_iter().enumerate() {
+                if i + 1 >= prompts[s].len() && out.tokens[s].len() < n_new {
                     out.tokens[s].push(argmax(&l));
                     if keep_logits {
                         out.logits[s].push(l);
                     }
                 }
+            }
+            if generating {
                 let dt = t0.elapsed().as_secs_f64();
                 out.step_secs.push(dt);
                 out.decode_secs += dt;
@@ -451,5 +500,39 @@ impl Pipeline {
             .sum::<u64>()
             - before;
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ragged_prompts_extend_the_uniform_pattern() {
+        let uniform = default_prompts(3, 8, 128);
+        let ragged = prompts_of_lengths(&[2, 8, 5], 128);
+        assert_eq!(ragged.iter().map(Vec::len).collect::<Vec<_>>(), [2, 8, 5]);
+        for (r, u) in ragged.iter().zip(&uniform) {
+            assert_eq!(r[..], u[..r.len()]);
+        }
+        assert!(ragged.iter().flatten().all(|&t| (0..128).contains(&t)));
+    }
+
+    #[test]
+    fn step_tokens_feed_prompt_then_generated_then_repeat_the_last() -> Result<()> {
+        let prompts = vec![vec![10, 11], vec![20, 21, 22, 23]];
+        // n_new = 2: stream 0 generates at steps 1, 2; stream 1 at 3, 4.
+        let generated = vec![vec![100, 101], vec![200]];
+        assert_eq!(step_tokens(&prompts, &generated, 0)?, [10, 20]);
+        assert_eq!(step_tokens(&prompts, &generated, 1)?, [11, 21]);
+        // Stream 0 feeds what it generated at steps 1 and 2.
+        assert_eq!(step_tokens(&prompts, &generated, 2)?, [100, 22]);
+        assert_eq!(step_tokens(&prompts, &generated, 3)?, [101, 23]);
+        // Stream 0 is done: it repeats its last token; stream 1 feeds its
+        // step-3 token.
+        assert_eq!(step_tokens(&prompts, &generated, 4)?, [101, 200]);
+        // A stream past its prompt with nothing generated has no token.
+        assert!(step_tokens(&prompts, &[vec![], vec![]], 2).is_err());
+        Ok(())
     }
 }

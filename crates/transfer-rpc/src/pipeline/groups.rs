@@ -37,7 +37,7 @@ pub struct RunSpec {
     pub arm: Arm,
     /// Streams per group.
     pub streams: u32,
-    /// Prompts, one per stream.
+    /// Prompts, one per stream (lengths may differ).
     pub prompts: Vec<Vec<i32>>,
     /// Tokens to generate per stream.
     pub tokens: u32,
@@ -84,7 +84,9 @@ pub fn ring_endpoints(endpoints: &[String], g: usize) -> Vec<String> {
 
 fn setup(spec: &RunSpec, g: usize, endpoints: Vec<String>) -> Result<Pipeline> {
     let mut model = LlamaModel::open(&spec.model)?;
-    let len = spec.prompts.first().map_or(0, Vec::len) as u32;
+    // Every stream steps through the positions of the longest prompt.
+    let len = spec.prompts.iter().map(Vec::len).max().unwrap_or(0);
+    let len = u32::try_from(len).map_err(|_| RpcError::refused("groups", "prompt too long"))?;
     let config = PipelineConfig {
         endpoints,
         // Rotated like the endpoints, so each stays with its server.
@@ -92,7 +94,7 @@ fn setup(spec: &RunSpec, g: usize, endpoints: Vec<String>) -> Result<Pipeline> {
         ratios: spec.ratios.clone(),
         arm: spec.arm,
         streams: spec.streams,
-        ctx: len + spec.tokens,
+        ctx: len.saturating_add(spec.tokens),
         client: spec.client.clone(),
         engine_wait_ms: spec.engine_wait_ms,
     };
