@@ -27,7 +27,9 @@ pub mod stage_graph;
 pub mod synthetic;
 
 pub use boundary::{Arm, Boundary, BoundaryPath, Fallback};
-pub use decode::{DecodeOutput, Pipeline, PipelineConfig, argmax, default_prompts};
+pub use decode::{
+    DecodeOutput, Pipeline, PipelineConfig, argmax, default_prompts, prompts_of_lengths,
+};
 pub use groups::{GroupRun, GroupsResult, RunSpec, ring_endpoints, run_groups};
 pub use model::{LlamaHparams, LlamaModel};
 pub use report::RunReport;
