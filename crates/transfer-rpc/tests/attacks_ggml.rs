@@ -12,13 +12,10 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use common::*;
 use transfer_rpc::client::Client;
 use transfer_rpc::protocol::{GraphPayload, RpcTensor};
-use transfer_rpc::server::{GgmlCpuBackend, Server, ServerConfig, ServerHandle};
-use transfer_rpc::validate::GraphLimits;
+use transfer_rpc::server::ServerHandle;
 
 const COMPUTE: i32 = 16;
 const GGML_OP_ADD: u32 = 2;
@@ -32,34 +29,6 @@ const ROWS: u32 = 5;
 /// Elements per row.
 const COLS: u32 = 4;
 
-fn start_ggml() -> ServerHandle {
-    Server::bind(
-        ServerConfig {
-            bind: "127.0.0.1:0".into(),
-            memory_quota: 16 << 20,
-            max_buffer_size: 16 << 20,
-            ..ServerConfig::default()
-        },
-        Arc::new(GgmlCpuBackend::new(1, 2, GraphLimits::default())),
-    )
-    .unwrap()
-    .spawn()
-    .unwrap()
-}
-
-/// A 2-D F32 tensor `[ne0, ne1]` at `offset`.
-fn mat(id: u64, b: u64, base: u64, offset: u64, ne0: u32, ne1: u32) -> RpcTensor {
-    RpcTensor {
-        id,
-        ty: 0,
-        buffer: b,
-        ne: [ne0, ne1, 1, 1],
-        nb: [4, 4 * ne0, 4 * ne0 * ne1, 4 * ne0 * ne1],
-        data: base + offset,
-        ..RpcTensor::default()
-    }
-}
-
 /// A 1-D index tensor of `n` elements of type `ty` (I32 or I64).
 fn index(id: u64, b: u64, base: u64, offset: u64, ty: u32, n: u32) -> RpcTensor {
     let w = if ty == GGML_TYPE_I64 { 8 } else { 4 };
@@ -72,13 +41,6 @@ fn index(id: u64, b: u64, base: u64, offset: u64, ty: u32, n: u32) -> RpcTensor 
         data: base + offset,
         ..RpcTensor::default()
     }
-}
-
-fn floats(bytes: &[u8]) -> Vec<f32> {
-    bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
 }
 
 fn index_bytes(ty: u32, idx: &[i64]) -> Vec<u8> {
@@ -334,11 +296,11 @@ fn set_rows_recompute_rechecks_indices() {
 /// validated, but an earlier node (ADD, writing F32 1.0 = 0x3f800000 as
 /// I32) overwrites exactly those bytes before GET_ROWS reads them. The
 /// check must see the bytes the kernel will read, not those of validation.
-#[test]
-fn index_overwritten_by_an_earlier_node_is_checked_after_it() {
-    let h = start_ggml();
-    let mut c = connect(&h);
-    let (b, base) = alloc(&mut c, 1 << 16);
+/// Sends GRAPH_COMPUTE of ADD(x, x) = [1.0, 1.0] written at `add_offset`,
+/// then GET_ROWS of the table with the I32 indices [1, 2] stored at 512;
+/// returns the GET_ROWS output tensor.
+fn add_then_get_rows(c: &mut Client, add_offset: u64) -> RpcTensor {
+    let (b, base) = alloc(c, 1 << 16);
     let table = mat(1, b, base, 0, COLS, ROWS);
     let tv: Vec<f32> = (0..COLS * ROWS).map(|i| i as f32).collect();
     c.set_tensor(&table, 0, &f32_bytes(&tv)).unwrap();
@@ -347,37 +309,7 @@ fn index_overwritten_by_an_earlier_node_is_checked_after_it() {
         .unwrap();
     let x = mat(3, b, base, 768, 2, 1);
     c.set_tensor(&x, 0, &f32_bytes(&[0.5, 0.5])).unwrap();
-    // ADD(x, x) = [1.0, 1.0], written over the index bytes.
-    let mut add = mat(4, b, base, 512, 2, 1);
-    add.op = GGML_OP_ADD;
-    add.src[0] = 3;
-    add.src[1] = 3;
-    add.flags = COMPUTE;
-    let mut r = mat(5, b, base, 1024, COLS, 2);
-    r.op = GGML_OP_GET_ROWS;
-    r.src[0] = 1;
-    r.src[1] = 2;
-    r.flags = COMPUTE;
-    c.graph_compute(&GraphPayload {
-        device: 0,
-        nodes: vec![4, 5],
-        tensors: vec![table.clone(), ix.clone(), x.clone(), add.clone(), r.clone()],
-    })
-    .unwrap();
-    assert!(is_closed(&mut c), "aliased index tensor was not refused");
-    wait_refused(&h, 1);
-
-    // The same graph with the ADD writing valid indices elsewhere runs.
-    let mut c = connect(&h);
-    let (b, base) = alloc(&mut c, 1 << 16);
-    let table = mat(1, b, base, 0, COLS, ROWS);
-    c.set_tensor(&table, 0, &f32_bytes(&tv)).unwrap();
-    let ix = index(2, b, base, 512, GGML_TYPE_I32, 2);
-    c.set_tensor(&ix, 0, &index_bytes(GGML_TYPE_I32, &[1, 2]))
-        .unwrap();
-    let x = mat(3, b, base, 768, 2, 1);
-    c.set_tensor(&x, 0, &f32_bytes(&[0.5, 0.5])).unwrap();
-    let mut add = mat(4, b, base, 2048, 2, 1);
+    let mut add = mat(4, b, base, add_offset, 2, 1);
     add.op = GGML_OP_ADD;
     add.src[0] = 3;
     add.src[1] = 3;
@@ -393,6 +325,21 @@ fn index_overwritten_by_an_earlier_node_is_checked_after_it() {
         tensors: vec![table, ix, x, add, r.clone()],
     })
     .unwrap();
+    r
+}
+
+#[test]
+fn index_overwritten_by_an_earlier_node_is_checked_after_it() {
+    let h = start_ggml();
+    // The ADD writes over the index bytes.
+    let mut c = connect(&h);
+    add_then_get_rows(&mut c, 512);
+    assert!(is_closed(&mut c), "aliased index tensor was not refused");
+    wait_refused(&h, 1);
+
+    // The same graph with the ADD writing valid indices elsewhere runs.
+    let mut c = connect(&h);
+    let r = add_then_get_rows(&mut c, 2048);
     let got = floats(&c.get_tensor(&r, 0, 32).unwrap());
     assert_eq!(got, vec![4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0]);
 }

@@ -4,50 +4,11 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use common::*;
 use transfer_rpc::client::Client;
 use transfer_rpc::protocol::{GraphPayload, RpcTensor};
-use transfer_rpc::server::{GgmlCpuBackend, Server, ServerConfig, ServerHandle};
-use transfer_rpc::validate::GraphLimits;
 
 const COMPUTE: i32 = 16;
-
-fn start_ggml() -> ServerHandle {
-    Server::bind(
-        ServerConfig {
-            bind: "127.0.0.1:0".into(),
-            memory_quota: 16 << 20,
-            max_buffer_size: 16 << 20,
-            ..ServerConfig::default()
-        },
-        Arc::new(GgmlCpuBackend::new(1, 2, GraphLimits::default())),
-    )
-    .unwrap()
-    .spawn()
-    .unwrap()
-}
-
-/// A 2-D F32 tensor `[ne0, ne1]` at `offset`.
-fn mat(id: u64, b: u64, base: u64, offset: u64, ne0: u32, ne1: u32) -> RpcTensor {
-    RpcTensor {
-        id,
-        ty: 0,
-        buffer: b,
-        ne: [ne0, ne1, 1, 1],
-        nb: [4, 4 * ne0, 4 * ne0 * ne1, 4 * ne0 * ne1],
-        data: base + offset,
-        ..RpcTensor::default()
-    }
-}
-
-fn floats(bytes: &[u8]) -> Vec<f32> {
-    bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
-}
 
 #[test]
 fn mul_mat_add_matches_reference_and_recompute_sees_new_inputs() {

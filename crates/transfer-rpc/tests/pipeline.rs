@@ -11,6 +11,7 @@ use std::sync::{Arc, OnceLock};
 use llama_cpp_sys_2 as sys;
 use transfer_rpc::RpcError;
 use transfer_rpc::client::ClientConfig;
+use transfer_rpc::pipeline::counters::CounterTable;
 use transfer_rpc::pipeline::decode::prompts_of_lengths;
 use transfer_rpc::pipeline::synthetic::WeightType;
 use transfer_rpc::pipeline::{
@@ -420,6 +421,37 @@ fn hub_and_direct_give_identical_tokens() {
     }
 }
 
+/// `other` has, per step, exactly `boundaries` fewer GET_TENSOR and
+/// SET_TENSOR than `hub`, and the hidden state's bytes are gone on both
+/// sides: SET_TENSOR frames (header 9, tensor 296, cache flag 1, offset 8,
+/// data) and GET_TENSOR answers (8 + data).
+fn assert_hidden_state_removed(
+    hub: &CounterTable,
+    other: &CounterTable,
+    boundaries: f64,
+    hidden: u64,
+) {
+    let (get, set) = (Command::GetTensor, Command::SetTensor);
+    assert_eq!(
+        hub.per_step(get).count - other.per_step(get).count,
+        boundaries,
+        "GET_TENSOR per step"
+    );
+    assert_eq!(
+        hub.per_step(set).count - other.per_step(set).count,
+        boundaries,
+        "SET_TENSOR per step"
+    );
+    assert_eq!(
+        hub.per_step(set).request_bytes - other.per_step(set).request_bytes,
+        boundaries * (9.0 + 296.0 + 1.0 + 8.0 + hidden as f64)
+    );
+    assert_eq!(
+        hub.per_step(get).response_bytes - other.per_step(get).response_bytes,
+        boundaries * (8.0 + hidden as f64)
+    );
+}
+
 #[test]
 fn direct_removes_the_hidden_state_from_the_coordinator() {
     let hidden = u64::from(STREAMS) * u64::from(SPEC.n_embd) * 4;
@@ -433,24 +465,9 @@ fn direct_removes_the_hidden_state_from_the_coordinator() {
         );
         let b = (p - 1) as f64;
         let (h, d) = (&hub.counters, &direct.counters);
-        let get =
-            |t: &transfer_rpc::pipeline::counters::CounterTable| t.per_step(Command::GetTensor);
-        let set =
-            |t: &transfer_rpc::pipeline::counters::CounterTable| t.per_step(Command::SetTensor);
-        assert_eq!(get(h).count - get(d).count, b, "GET_TENSOR per step");
-        assert_eq!(set(h).count - set(d).count, b, "SET_TENSOR per step");
+        assert_hidden_state_removed(h, d, b, hidden);
         assert_eq!(d.per_step(Command::CopyTensorTo).count, b);
         assert_eq!(h.per_step(Command::CopyTensorTo).count, 0.0);
-        // The hidden state itself: SET_TENSOR frames (header 9, tensor 296,
-        // cache flag 1, offset 8, data) and GET_TENSOR answers (8 + data).
-        assert_eq!(
-            set(h).request_bytes - set(d).request_bytes,
-            b * (9.0 + 296.0 + 1.0 + 8.0 + hidden as f64)
-        );
-        assert_eq!(
-            get(h).response_bytes - get(d).response_bytes,
-            b * (8.0 + hidden as f64)
-        );
         // Everything else the direct arm adds is the small COPY_TENSOR_TO.
         let copy = d.per_step(Command::CopyTensorTo);
         assert!(copy.request_bytes / b < 1024.0 && copy.response_bytes / b <= 9.0);
@@ -660,22 +677,9 @@ mod engine_arm {
             println!("P={p} engine:\n{}", engine.counters);
             let b = (p - 1) as f64;
             let (h, e) = (&hub.counters, &engine.counters);
-            let get =
-                |t: &transfer_rpc::pipeline::counters::CounterTable| t.per_step(Command::GetTensor);
-            let set =
-                |t: &transfer_rpc::pipeline::counters::CounterTable| t.per_step(Command::SetTensor);
             // Exactly one hidden-state round trip per boundary per step is
             // gone, and no COPY_TENSOR_TO / PEER_BARRIER replaces it.
-            assert_eq!(get(h).count - get(e).count, b, "GET_TENSOR per step");
-            assert_eq!(set(h).count - set(e).count, b, "SET_TENSOR per step");
-            assert_eq!(
-                set(h).request_bytes - set(e).request_bytes,
-                b * (9.0 + 296.0 + 1.0 + 8.0 + hidden as f64)
-            );
-            assert_eq!(
-                get(h).response_bytes - get(e).response_bytes,
-                b * (8.0 + hidden as f64)
-            );
+            assert_hidden_state_removed(h, e, b, hidden);
             assert_eq!(e.per_step(Command::CopyTensorTo).count, 0.0);
             assert_eq!(e.per_step(Command::PeerBarrier).count, 0.0);
             // What replaces it: one small ENGINE_WRITE on the source and

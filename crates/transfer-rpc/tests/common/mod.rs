@@ -62,3 +62,43 @@ pub fn f32_bytes(vals: &[f32]) -> Vec<u8> {
 pub fn is_closed(c: &mut Client) -> bool {
     c.device_count().is_err()
 }
+
+/// A server computing on ggml's CPU backend (16 MiB quota, 2 threads).
+#[cfg(feature = "ggml")]
+pub fn start_ggml() -> ServerHandle {
+    use transfer_rpc::server::GgmlCpuBackend;
+    use transfer_rpc::validate::GraphLimits;
+    Server::bind(
+        ServerConfig {
+            bind: "127.0.0.1:0".into(),
+            memory_quota: 16 << 20,
+            max_buffer_size: 16 << 20,
+            ..ServerConfig::default()
+        },
+        Arc::new(GgmlCpuBackend::new(1, 2, GraphLimits::default())),
+    )
+    .unwrap()
+    .spawn()
+    .unwrap()
+}
+
+/// A 2-D F32 tensor `[ne0, ne1]` at `offset`.
+pub fn mat(id: u64, b: u64, base: u64, offset: u64, ne0: u32, ne1: u32) -> RpcTensor {
+    RpcTensor {
+        id,
+        ty: 0,
+        buffer: b,
+        ne: [ne0, ne1, 1, 1],
+        nb: [4, 4 * ne0, 4 * ne0 * ne1, 4 * ne0 * ne1],
+        data: base + offset,
+        ..RpcTensor::default()
+    }
+}
+
+/// Little-endian f32 values of `bytes`.
+pub fn floats(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
