@@ -365,16 +365,11 @@ impl Boundary {
         }
     }
 
-    /// Number of answers this boundary posted on its source's connection
-    /// this step (the ENGINE_WRITE).
-    pub fn posted_on_source(&self) -> usize {
-        usize::from(matches!(self.path, BoundaryPath::Engine(_)))
-    }
-
-    /// Number of answers this boundary posted on its destination's
-    /// connection this step (the ENGINE_WAIT).
-    pub fn posted_on_destination(&self) -> usize {
-        self.posted_on_source()
+    /// True when this boundary's step leaves an unread answer on each side:
+    /// the ENGINE_WRITE on its source's connection, the ENGINE_WAIT on its
+    /// destination's.
+    pub fn posts_answers(&self) -> bool {
+        matches!(self.path, BoundaryPath::Engine(_))
     }
 
     /// Gives up the engine path after a failed step: closes the lane and

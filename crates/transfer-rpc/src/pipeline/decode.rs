@@ -304,17 +304,10 @@ impl Pipeline {
         let mut write_ok = vec![true; n.saturating_sub(1)];
         let mut wait_ok = vec![true; n.saturating_sub(1)];
         for s in from..n {
-            let waits = if s > 0 {
-                self.boundaries[s - 1].posted_on_destination()
-            } else {
-                0
-            };
-            let writes = if s + 1 < n {
-                self.boundaries[s].posted_on_source()
-            } else {
-                0
-            };
-            if waits + writes == 0 {
+            let wait = s > 0 && self.boundaries[s - 1].posts_answers();
+            let write = s + 1 < n && self.boundaries[s].posts_answers();
+            let posted = usize::from(wait) + usize::from(write);
+            if posted == 0 {
                 continue;
             }
             let stage = &mut self.stages[s];
@@ -322,21 +315,23 @@ impl Pipeline {
                 .client
                 .collect_posted()
                 .map_err(|e| stage_error(stage.index, &stage.endpoint, e))?;
-            if answers.len() != waits + writes {
+            if answers.len() != posted {
                 return Err(stage_error(
                     stage.index,
                     &stage.endpoint,
                     RpcError::malformed(
                         "engine answers",
-                        format!("{} answers, {} posted", answers.len(), waits + writes),
+                        format!("{} answers, {posted} posted", answers.len()),
                     ),
                 ));
             }
-            if waits == 1 {
+            // Posting order on this connection: the wait into this stage,
+            // then the write out of it.
+            if wait {
                 wait_ok[s - 1] = answers[0];
             }
-            if writes == 1 {
-                write_ok[s] = answers[waits];
+            if write {
+                write_ok[s] = answers[posted - 1];
             }
         }
         Ok((0..n.saturating_sub(1))
