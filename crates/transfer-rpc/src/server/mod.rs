@@ -11,6 +11,7 @@ pub mod cache;
 pub mod compute;
 pub mod config;
 mod dispatch;
+pub mod host_memory;
 #[cfg(feature = "ggml")]
 pub mod ggml_backend;
 pub mod limiter;

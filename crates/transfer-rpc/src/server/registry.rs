@@ -1,7 +1,9 @@
 //! Server-side buffers behind opaque handles.
 //!
-//! Clients never see a host pointer: a handle is a 64-bit value from a keyed
-//! bijection of a counter (unique, not guessable across runs), and each
+//! Clients never see a host pointer: a handle is 64 bits from the operating
+//! system's CSPRNG (unique among live buffers; one handle tells nothing
+//! about any other, so a session cannot reach a buffer it was not given),
+//! and each
 //! buffer has a base in a virtual remote address space (4 KiB aligned, with
 //! a guard gap between buffers). Tensor data addresses are checked against
 //! that space, then turned into offsets into owned memory.
@@ -12,56 +14,17 @@
 //! it, and a session's buffers are freed when it disconnects.
 
 use std::collections::HashMap;
-use std::collections::hash_map::RandomState;
-use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 
+use super::host_memory::HostMemory;
 use crate::error::{Result, RpcError};
 use crate::validate::{BufferLookup, Region};
 
 const PAGE: u64 = 4096;
-/// Alignment of every buffer's host memory (ggml needs 32; 64 covers AVX-512).
-pub const HOST_ALIGN: usize = 64;
+/// Alignment of every buffer's host memory: a page (ggml needs 32 bytes,
+/// AVX-512 64; NIC registrations like pages).
+pub const HOST_ALIGN: usize = 4096;
 
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct Block([u8; HOST_ALIGN]);
-
-/// Zeroed host memory aligned to [`HOST_ALIGN`].
-pub struct AlignedBytes {
-    blocks: Vec<Block>,
-    len: usize,
-}
-
-impl std::fmt::Debug for AlignedBytes {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "AlignedBytes({} bytes)", self.len)
-    }
-}
-
-impl AlignedBytes {
-    /// `len` zeroed bytes, or `None` when the allocation fails.
-    fn zeroed(len: usize) -> Option<AlignedBytes> {
-        let n = len.div_ceil(HOST_ALIGN);
-        let mut blocks = Vec::new();
-        blocks.try_reserve_exact(n).ok()?;
-        blocks.resize(n, Block([0; HOST_ALIGN]));
-        Some(AlignedBytes { blocks, len })
-    }
-
-    /// The bytes.
-    pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: `blocks` holds at least `len` initialised bytes (`Block` is
-        // a plain byte array with no padding), borrowed immutably with `self`.
-        unsafe { std::slice::from_raw_parts(self.blocks.as_ptr().cast::<u8>(), self.len) }
-    }
-
-    /// The bytes, mutably.
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: as in `as_slice`, and `&mut self` makes the borrow unique.
-        unsafe { std::slice::from_raw_parts_mut(self.blocks.as_mut_ptr().cast::<u8>(), self.len) }
-    }
-}
 const FIRST_BASE: u64 = 0x0000_1000_0000_0000;
 
 /// One server-side allocation.
@@ -77,7 +40,9 @@ pub struct Buffer {
     pub device: u32,
     /// Session that owns it.
     pub owner: u64,
-    data: RwLock<AlignedBytes>,
+    /// The lock orders this server's own accesses (copies, compute); the
+    /// memory itself is only ever touched through raw pointers.
+    data: RwLock<HostMemory>,
 }
 
 impl Buffer {
@@ -87,9 +52,8 @@ impl Buffer {
     /// as long as the caller holds an `Arc` of it; writes through it race
     /// with this registry's own accesses unless the caller orders them.
     pub fn host_memory(&self) -> (*mut u8, usize) {
-        let mut mem = self.data.write().unwrap_or_else(PoisonError::into_inner);
-        let bytes = mem.as_mut_slice();
-        (bytes.as_mut_ptr(), bytes.len())
+        let mem = self.data.read().unwrap_or_else(PoisonError::into_inner);
+        (mem.as_ptr(), mem.len())
     }
 
     /// Its region in the remote address space.
@@ -107,7 +71,6 @@ struct Inner {
     buffers: HashMap<u64, Arc<Buffer>>,
     used: u64,
     next_base: u64,
-    counter: u64,
 }
 
 /// All live buffers of a server, shared by its sessions.
@@ -115,14 +78,14 @@ struct Inner {
 pub struct BufferRegistry {
     inner: Mutex<Inner>,
     quota: u64,
-    key: u64,
 }
 
-fn splitmix64(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
+/// 64 bits from the operating system's CSPRNG; `None` if it cannot answer
+/// (then nothing is allocated rather than handing out a guessable handle).
+fn random_handle() -> Option<u64> {
+    let mut b = [0u8; 8];
+    getrandom::getrandom(&mut b).ok()?;
+    Some(u64::from_le_bytes(b))
 }
 
 fn range(call: &'static str, buf: &Buffer, offset: u64, len: u64) -> Result<(usize, usize)> {
@@ -143,10 +106,8 @@ impl BufferRegistry {
                 buffers: HashMap::new(),
                 used: 0,
                 next_base: FIRST_BASE,
-                counter: 0,
             }),
             quota,
-            key: RandomState::new().hash_one(0x7472_7063u64),
         }
     }
 
@@ -184,7 +145,7 @@ impl BufferRegistry {
                 return None;
             }
         }
-        let data = AlignedBytes::zeroed(len)?;
+        let data = HostMemory::zeroed(len)?;
         let mut inner = self.lock();
         let used = inner.used.checked_add(size).filter(|&u| u <= self.quota)?;
         let span = size
@@ -194,8 +155,7 @@ impl BufferRegistry {
         let base = inner.next_base;
         let next = base.checked_add(span)?;
         let handle = loop {
-            inner.counter = inner.counter.wrapping_add(1);
-            let h = splitmix64(inner.counter ^ self.key);
+            let h = random_handle()?;
             if h != 0 && !inner.buffers.contains_key(&h) {
                 break h;
             }
@@ -265,13 +225,12 @@ impl BufferRegistry {
     pub fn write(&self, call: &'static str, handle: u64, offset: u64, data: &[u8]) -> Result<()> {
         let buf = self.buffer(call, handle)?;
         let (s, e) = range(call, &buf, offset, data.len() as u64)?;
-        let mut mem = buf.data.write().unwrap_or_else(PoisonError::into_inner);
-        let dst = mem
-            .as_mut_slice()
-            .get_mut(s..e)
-            .ok_or_else(|| RpcError::refused(call, "range is outside the buffer"))?;
-        dst.copy_from_slice(data);
-        Ok(())
+        let mem = buf.data.write().unwrap_or_else(PoisonError::into_inner);
+        if mem.copy_in(s, data) && e - s == data.len() {
+            Ok(())
+        } else {
+            Err(RpcError::refused(call, "range is outside the buffer"))
+        }
     }
 
     /// Reads `len` bytes at `offset` of a buffer.
@@ -287,13 +246,13 @@ impl BufferRegistry {
         let mut out = Vec::new();
         out.try_reserve_exact(e - s)
             .map_err(|_| RpcError::refused(call, format!("cannot allocate {} bytes", e - s)))?;
+        out.resize(e - s, 0);
         let mem = buf.data.read().unwrap_or_else(PoisonError::into_inner);
-        let src = mem
-            .as_slice()
-            .get(s..e)
-            .ok_or_else(|| RpcError::refused(call, "range is outside the buffer"))?;
-        out.extend_from_slice(src);
-        Ok(out)
+        if mem.copy_out(s, &mut out) {
+            Ok(out)
+        } else {
+            Err(RpcError::refused(call, "range is outside the buffer"))
+        }
     }
 
     /// Fills `len` bytes at `offset` of a buffer with `value`.
@@ -307,12 +266,12 @@ impl BufferRegistry {
     ) -> Result<()> {
         let buf = self.buffer(call, handle)?;
         let (s, e) = range(call, &buf, offset, len)?;
-        let mut mem = buf.data.write().unwrap_or_else(PoisonError::into_inner);
-        mem.as_mut_slice()
-            .get_mut(s..e)
-            .ok_or_else(|| RpcError::refused(call, "range is outside the buffer"))?
-            .fill(value);
-        Ok(())
+        let mem = buf.data.write().unwrap_or_else(PoisonError::into_inner);
+        if mem.fill(s, e - s, value) {
+            Ok(())
+        } else {
+            Err(RpcError::refused(call, "range is outside the buffer"))
+        }
     }
 }
 
@@ -343,18 +302,17 @@ impl BufferRegistry {
             .iter()
             .map(|&h| self.buffer(call, h))
             .collect::<Result<Vec<_>>>()?;
-        let mut guards: Vec<_> = bufs
+        let guards: Vec<_> = bufs
             .iter()
             .map(|b| b.data.write().unwrap_or_else(PoisonError::into_inner))
             .collect();
         let mut map = HashMap::with_capacity(bufs.len());
-        for (b, g) in bufs.iter().zip(guards.iter_mut()) {
-            let mem = g.as_mut_slice();
+        for (b, g) in bufs.iter().zip(guards.iter()) {
             map.insert(
                 b.handle,
                 LockedMemory {
-                    ptr: mem.as_mut_ptr(),
-                    len: mem.len(),
+                    ptr: g.as_ptr(),
+                    len: g.len(),
                 },
             );
         }
@@ -396,6 +354,69 @@ mod tests {
         r.free(2, b.handle)?;
         assert!(r.is_empty());
         assert!(r.alloc(1, 0, u64::MAX).is_none());
+        Ok(())
+    }
+
+    /// Inverse of the splitmix64 finaliser the registry once derived
+    /// handles with (`splitmix64(counter ^ key)`).
+    fn unsplitmix64(mut z: u64) -> u64 {
+        fn unxorshift(x: u64, s: u32) -> u64 {
+            let mut r = x;
+            for _ in 0..(64 / s) {
+                r = x ^ (r >> s);
+            }
+            r
+        }
+        fn inverse(a: u64) -> u64 {
+            // Newton's iteration for the inverse of an odd number mod 2^64.
+            let mut x = a;
+            for _ in 0..6 {
+                x = x.wrapping_mul(2u64.wrapping_sub(a.wrapping_mul(x)));
+            }
+            x
+        }
+        z = unxorshift(z, 31);
+        z = z.wrapping_mul(inverse(0x94d0_49bb_1331_11eb));
+        z = unxorshift(z, 27);
+        z = z.wrapping_mul(inverse(0xbf58_476d_1ce4_e5b9));
+        z = unxorshift(z, 30);
+        z.wrapping_sub(0x9e37_79b9_7f4a_7c15)
+    }
+
+    fn splitmix64(mut z: u64) -> u64 {
+        z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// The attack of issue 11: from one handle, recover the key and predict
+    /// the next session's handle. With CSPRNG handles no such relation
+    /// exists; with the old keyed counter this predicted every handle.
+    #[test]
+    fn one_handle_does_not_predict_another() -> std::result::Result<(), Box<dyn std::error::Error>>
+    {
+        assert_eq!(unsplitmix64(splitmix64(12345)), 12345);
+        let r = BufferRegistry::new(1 << 20);
+        let mine = r.alloc(1, 0, 16).ok_or("alloc")?;
+        let theirs: Vec<u64> = (0..64)
+            .map(|_| r.alloc(2, 0, 16).map(|b| b.handle).ok_or("alloc"))
+            .collect::<std::result::Result<_, _>>()?;
+        // Guess the key for every counter value the attacker might assume.
+        let x = unsplitmix64(mine.handle);
+        for counter in 1..=64u64 {
+            let key = x ^ counter;
+            for next in counter + 1..=counter + 64 {
+                let guess = splitmix64(next ^ key);
+                assert!(!theirs.contains(&guess), "handle {guess:#x} was predictable");
+            }
+        }
+        // No two handles share their high or low halves either (a counter
+        // would leave one of them nearly constant).
+        let mut hi: Vec<u32> = theirs.iter().map(|h| (h >> 32) as u32).collect();
+        hi.sort_unstable();
+        hi.dedup();
+        assert!(hi.len() > 60);
         Ok(())
     }
 }
