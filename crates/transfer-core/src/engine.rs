@@ -785,10 +785,18 @@ impl TransferEngine {
     pub fn imm_future(&self, imm: u32, count: u64) -> ImmFuture {
         let (tx, rx) = oneshot::channel();
         let mut fired = Vec::new();
-        self.imms
+        let id = self
+            .imms
             .add_expectation(imm, count, ImmAction::Wake(tx), &mut fired);
         self.deliver_all(fired);
-        ImmFuture(rx)
+        ImmFuture {
+            rx,
+            imm,
+            id,
+            done: false,
+            imms: self.imms.clone(),
+            callbacks: self.callbacks.clone(),
+        }
     }
 
     /// Takes up to `count` pending arrivals of `imm` (when no expectation
@@ -874,7 +882,22 @@ fn check_paged(req: &PagedWriteRequest<'_>) -> Result<()> {
 }
 
 /// Resolves when an immediate expectation is met (see [`TransferEngine::imm_future`]).
-pub struct ImmFuture(oneshot::Receiver<()>);
+///
+/// Dropping it before it resolved (given up, or cut short by an executor's
+/// timeout) withdraws the expectation, as [`TransferEngine::wait_imm`] does on
+/// timeout: otherwise it would stay at the head of the queue of its
+/// immediate, silently consume the next `count` arrivals and hold back every
+/// later expectation on that value. Arrivals it consumed in a race with the
+/// drop (the expectation was met just before) are gone with it.
+pub struct ImmFuture {
+    rx: oneshot::Receiver<()>,
+    imm: u32,
+    id: u64,
+    /// Resolved: nothing to withdraw.
+    done: bool,
+    imms: Arc<ImmCounters>,
+    callbacks: Arc<CallbackQueue>,
+}
 
 impl std::future::Future for ImmFuture {
     type Output = Result<()>;
@@ -883,9 +906,28 @@ impl std::future::Future for ImmFuture {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Self::Output> {
-        std::pin::Pin::new(&mut self.0)
-            .poll(cx)
-            .map(|r| r.ok_or(TransferError::Shutdown { call: "imm_future" }))
+        let polled = std::pin::Pin::new(&mut self.rx).poll(cx);
+        if polled.is_ready() {
+            self.done = true;
+        }
+        polled.map(|r| r.ok_or(TransferError::Shutdown { call: "imm_future" }))
+    }
+}
+
+impl Drop for ImmFuture {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let mut fired = Vec::new();
+        // False when it was met meanwhile: then there is nothing to undo.
+        self.imms.cancel(self.imm, self.id, &mut fired);
+        // Withdrawing a head expectation may let the next one fire.
+        for d in fired {
+            if let Delivery::Deferred(job) = d {
+                self.callbacks.push(job);
+            }
+        }
     }
 }
 

@@ -125,6 +125,25 @@ impl RegionInner {
         Ok(())
     }
 
+    /// Marks a host copy through the region's pointer as in progress; fails
+    /// once an unregister went through (or is going through), because a
+    /// `register_raw` caller may free the memory from then on. A refused
+    /// unregister (the NIC kept the registration, see
+    /// [`RegionInner::reopen_for_unregister`]) leaves the memory valid, so
+    /// host access stays allowed then. Pairs with
+    /// [`RegionInner::try_unregister`] as [`RegionInner::acquire`] does: an
+    /// unregister racing with the copy sees it in flight and is refused.
+    /// Release with [`RegionInner::release`].
+    fn acquire_host(&self, call: &'static str) -> Result<()> {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        if self.unregistered.load(Ordering::SeqCst) && !self.retry_unregister.load(Ordering::SeqCst)
+        {
+            self.in_flight.fetch_sub(1, Ordering::SeqCst);
+            return Err(TransferError::RegionUnregistered { call });
+        }
+        Ok(())
+    }
+
     pub(crate) fn release(&self) {
         self.in_flight.fetch_sub(1, Ordering::SeqCst);
     }
@@ -215,31 +234,48 @@ impl LocalRegion {
     }
 
     /// Copies `src` into the region at `offset` (host memory only).
+    ///
+    /// Refused with [`TransferError::RegionUnregistered`] once the region
+    /// was unregistered: memory given to `register_raw` may be freed then.
+    /// A copy in progress makes a concurrent unregister fail with
+    /// [`TransferError::RegionBusy`].
     pub fn write_at(&self, offset: usize, src: &[u8]) -> Result<()> {
         const CALL: &str = "LocalRegion::write_at";
         self.host_only(CALL)?;
         self.0.check_range(CALL, offset as u64, src.len() as u64)?;
-        // SAFETY: range checked inside the live host region; the copy goes
-        // through raw pointers because NICs may write concurrently (no
-        // Rust reference to the region is ever formed).
+        self.0.acquire_host(CALL)?;
+        // SAFETY: range checked inside the host region, which stays valid
+        // while `acquire_host` holds off unregister; the copy goes through
+        // raw pointers because NICs may write concurrently (no Rust
+        // reference to the region is ever formed).
         unsafe { std::ptr::copy(src.as_ptr(), self.0.ptr.add(offset), src.len()) };
+        self.0.release();
         Ok(())
     }
 
-    /// Copies bytes at `offset` out of the region into `dst` (host memory only).
+    /// Copies bytes at `offset` out of the region into `dst` (host memory
+    /// only). Refused once unregistered, as [`LocalRegion::write_at`].
     pub fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         const CALL: &str = "LocalRegion::read_at";
         self.host_only(CALL)?;
         self.0.check_range(CALL, offset as u64, dst.len() as u64)?;
+        self.0.acquire_host(CALL)?;
         // SAFETY: as in write_at.
         unsafe { std::ptr::copy(self.0.ptr.add(offset), dst.as_mut_ptr(), dst.len()) };
+        self.0.release();
         Ok(())
     }
 
     /// Reads the whole region into a new vector (host memory only).
+    /// Refused once unregistered, as [`LocalRegion::write_at`].
     pub fn to_vec(&self) -> Result<Vec<u8>> {
         let mut v = vec![0; self.0.len];
-        self.read_at(0, &mut v)?;
+        self.read_at(0, &mut v).map_err(|e| match e {
+            TransferError::RegionUnregistered { .. } => TransferError::RegionUnregistered {
+                call: "LocalRegion::to_vec",
+            },
+            e => e,
+        })?;
         Ok(v)
     }
 

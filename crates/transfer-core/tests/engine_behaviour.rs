@@ -370,3 +370,66 @@ fn refused_unregister_keeps_the_memory_and_can_be_retried() {
     a.unregister(&src).unwrap();
     assert!(a.unregister(&src).is_err());
 }
+
+/// Issue 12: a dropped [`transfer_core::ImmFuture`] (given up, or cut by
+/// an executor's timeout) withdraws its expectation, so the arrivals it
+/// would have consumed stay for the next expectation on that immediate.
+#[test]
+fn dropped_imm_future_consumes_nothing() {
+    let (_f, a, b) = pair(TestFabricConfig::default(), 1, 64);
+    let src = a.alloc_host(4096, 0).unwrap();
+    let dst = b.alloc_host(4096, 0).unwrap();
+    let t = target(&a, &b, &dst);
+    drop(b.imm_future(5, 2));
+    for _ in 0..2 {
+        let req = WriteRequest {
+            src: &src,
+            src_offset: 0,
+            dst: &t,
+            dst_offset: 0,
+            len: 8,
+            imm: Some(5),
+        };
+        a.write(req).unwrap().wait_timeout(GUARD).unwrap();
+    }
+    b.wait_imm(5, 2, GUARD)
+        .expect("the dropped future's expectation consumed the arrivals");
+    assert_eq!(b.imm_value(5), 0);
+}
+
+/// Issue 12: a region registered with `register_raw` only promises its
+/// memory until `unregister`; host access through the handle is refused
+/// from then on (the memory may be freed), while a refused unregister
+/// (see below) keeps it readable.
+#[test]
+fn raw_region_refuses_host_access_after_unregister() {
+    let (_f, a, _b) = pair(TestFabricConfig::default(), 1, 64);
+    let mut buf = vec![0u8; 4096];
+    let span = transfer_core::MemorySpan {
+        ptr: buf.as_mut_ptr(),
+        len: buf.len(),
+        location: transfer_core::MemoryLocation::Host,
+        dmabuf_fd: None,
+    };
+    // SAFETY: buf outlives the region's registration (freed at the end).
+    let r = unsafe { a.register_raw(span, 0) }.unwrap();
+    r.write_at(0, &[1, 2, 3]).unwrap();
+    let mut back = [0u8; 3];
+    r.read_at(0, &mut back).unwrap();
+    assert_eq!(back, [1, 2, 3]);
+    a.unregister(&r).unwrap();
+    assert!(matches!(
+        r.write_at(0, &[9]),
+        Err(TransferError::RegionUnregistered { .. })
+    ));
+    assert!(matches!(
+        r.read_at(0, &mut back),
+        Err(TransferError::RegionUnregistered { .. })
+    ));
+    assert!(matches!(
+        r.to_vec(),
+        Err(TransferError::RegionUnregistered { .. })
+    ));
+    assert_eq!(buf[..3], [1, 2, 3], "nothing written after unregister");
+    drop(buf);
+}
