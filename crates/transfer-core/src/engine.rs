@@ -30,6 +30,11 @@ use crate::worker::{
 /// a deeper queue absorbs bursts of paged writes from many API threads).
 pub const DEFAULT_QUEUE_CAPACITY: usize = 4096;
 
+/// Default of [`EngineBuilder::max_unexpected_imms`]. Arrivals may precede
+/// their expectation (EFA SRD reorders, and a receiver may set it late), so
+/// some must be kept; this many distinct values cost a few MiB at most.
+pub const DEFAULT_MAX_UNEXPECTED_IMMS: usize = 65_536;
+
 type Spawner = Box<dyn FnOnce(&SpawnContext) -> Result<(GroupAddress, WorkerHandle)>>;
 
 struct SpawnContext {
@@ -56,6 +61,7 @@ pub struct EngineBuilder {
     policy: ShardPolicy,
     pin: bool,
     queue_capacity: usize,
+    max_unexpected_imms: usize,
     errors: Vec<TransferError>,
 }
 
@@ -68,6 +74,7 @@ impl Default for EngineBuilder {
             policy: ShardPolicy::default(),
             pin: true,
             queue_capacity: DEFAULT_QUEUE_CAPACITY,
+            max_unexpected_imms: DEFAULT_MAX_UNEXPECTED_IMMS,
             errors: Vec::new(),
         }
     }
@@ -124,6 +131,19 @@ impl EngineBuilder {
         self
     }
 
+    /// At most this many distinct immediate values are held with arrivals
+    /// that no expectation waits for (default
+    /// [`DEFAULT_MAX_UNEXPECTED_IMMS`]). Peers choose the values, so without
+    /// a bound they could grow the engine's memory at will; an arrival that
+    /// would need one more is dropped and counted by
+    /// [`TransferEngine::imm_dropped`]. Expected values (an expectation is
+    /// waiting) are always counted, and consuming the arrivals of a value
+    /// frees its place.
+    pub fn max_unexpected_imms(mut self, max: usize) -> Self {
+        self.max_unexpected_imms = max;
+        self
+    }
+
     /// Starts the workers and the callback thread.
     pub fn build(self) -> Result<TransferEngine> {
         const CALL: &str = "EngineBuilder::build";
@@ -146,7 +166,7 @@ impl EngineBuilder {
         let callback_thread = CallbackThread::spawn("transfer-callbacks".into()).map_err(|e| {
             TransferError::invalid(CALL, format!("spawning the callback thread: {e}"))
         })?;
-        let imms = ImmCounters::new();
+        let imms = ImmCounters::with_cap(self.max_unexpected_imms);
         let mut groups = Vec::new();
         let mut workers = Vec::new();
         for (index, (_, spawn)) in self.spawners.into_iter().enumerate() {
@@ -752,6 +772,14 @@ impl TransferEngine {
     /// Arrivals of `imm` not consumed by an expectation yet.
     pub fn imm_value(&self, imm: u32) -> u64 {
         self.imms.value(imm)
+    }
+
+    /// Immediate arrivals dropped because [`EngineBuilder::max_unexpected_imms`]
+    /// distinct values were already held unexpected: a peer sent more
+    /// distinct values than anyone here waits for. Non-zero means lost
+    /// arrivals (an expectation on a dropped value may never be met).
+    pub fn imm_dropped(&self) -> u64 {
+        self.imms.dropped()
     }
 
     /// Blocks until `count` immediates `imm` have arrived, then consumes them.

@@ -9,6 +9,7 @@
 //! ConnectX RC does not).
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use crate::completion::Delivery;
@@ -50,8 +51,19 @@ struct Counter {
 const STRIPES: usize = 16;
 
 /// The counters of one engine (shared by its workers and API threads).
+///
+/// A counter exists only while it holds arrivals or expectations: memory
+/// follows what is pending, not every immediate a peer ever sent. Counters
+/// that only hold unexpected arrivals (no expectation) are created by
+/// peers at will, so at most `cap` of them are held: an arrival that would
+/// create one more is dropped and counted (see [`ImmCounters::dropped`]).
 pub(crate) struct ImmCounters {
     stripes: [Mutex<Stripe>; STRIPES],
+    cap: usize,
+    /// Counters with arrivals and no expectation (over every stripe).
+    unexpected: AtomicUsize,
+    /// Arrivals dropped because `cap` was reached.
+    dropped: AtomicU64,
 }
 
 #[derive(Default)]
@@ -60,10 +72,24 @@ struct Stripe {
     next_id: u64,
 }
 
+/// Whether a counter holds only arrivals nobody waits for (a peer's doing).
+fn is_unexpected(c: &Counter) -> bool {
+    c.waiting.is_empty() && c.arrived > 0
+}
+
 impl ImmCounters {
+    #[cfg(test)]
     pub(crate) fn new() -> Arc<Self> {
+        Self::with_cap(crate::engine::DEFAULT_MAX_UNEXPECTED_IMMS)
+    }
+
+    /// Counters holding at most `cap` distinct unexpected immediates.
+    pub(crate) fn with_cap(cap: usize) -> Arc<Self> {
         Arc::new(Self {
             stripes: std::array::from_fn(|_| Mutex::new(Stripe::default())),
+            cap,
+            unexpected: AtomicUsize::new(0),
+            dropped: AtomicU64::new(0),
         })
     }
 
@@ -74,12 +100,65 @@ impl ImmCounters {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// After the counter of `imm` changed from a state whose
+    /// unexpectedness was `was`: keeps the unexpected count right and
+    /// removes the counter once it holds nothing.
+    fn settle(&self, s: &mut Stripe, imm: u32, was: bool) {
+        let Some(c) = s.counters.get(&imm) else {
+            return;
+        };
+        match (was, is_unexpected(c)) {
+            (true, false) => {
+                self.unexpected.fetch_sub(1, AtomicOrdering::SeqCst);
+            }
+            // Only arrivals beyond a met expectation get here, so this may
+            // pass the cap by what the expectations' owner let in.
+            (false, true) => {
+                self.unexpected.fetch_add(1, AtomicOrdering::SeqCst);
+            }
+            _ => {}
+        }
+        if c.arrived == 0 && c.waiting.is_empty() {
+            s.counters.remove(&imm);
+            // A burst of distinct immediates must not pin its table size.
+            let len = s.counters.len();
+            if s.counters.capacity() > 64 && len * 4 < s.counters.capacity() {
+                s.counters.shrink_to(len * 2);
+            }
+        }
+    }
+
     /// Records `n` arrivals of `imm`; returns the deliveries of expectations now met.
     pub(crate) fn arrive(&self, imm: u32, n: u64, fired: &mut Vec<Delivery>) {
+        if n == 0 {
+            return;
+        }
         let mut s = self.stripe(imm);
-        let c = s.counters.entry(imm).or_default();
-        c.arrived += n;
-        drain_met(c, fired);
+        if let Some(c) = s.counters.get_mut(&imm) {
+            let was = is_unexpected(c);
+            c.arrived = c.arrived.saturating_add(n);
+            drain_met(c, fired);
+            self.settle(&mut s, imm, was);
+            return;
+        }
+        // A new counter with no expectation: reserve a slot under the cap.
+        let reserved = self
+            .unexpected
+            .fetch_update(AtomicOrdering::SeqCst, AtomicOrdering::SeqCst, |u| {
+                (u < self.cap).then_some(u + 1)
+            })
+            .is_ok();
+        if !reserved {
+            self.dropped.fetch_add(n, AtomicOrdering::Relaxed);
+            return;
+        }
+        s.counters.insert(
+            imm,
+            Counter {
+                arrived: n,
+                waiting: VecDeque::new(),
+            },
+        );
     }
 
     /// Adds an expectation; it may fire at once. Returns its id (for cancel).
@@ -94,8 +173,10 @@ impl ImmCounters {
         let id = s.next_id;
         s.next_id += 1;
         let c = s.counters.entry(imm).or_default();
+        let was = is_unexpected(c);
         c.waiting.push_back(Expectation { id, count, action });
         drain_met(c, fired);
+        self.settle(&mut s, imm, was);
         id
     }
 
@@ -105,12 +186,33 @@ impl ImmCounters {
         let Some(c) = s.counters.get_mut(&imm) else {
             return false;
         };
+        let was = is_unexpected(c);
         let before = c.waiting.len();
         c.waiting.retain(|e| e.id != id);
         let removed = c.waiting.len() != before;
         // Removing a head expectation may let the next one fire.
         drain_met(c, fired);
+        self.settle(&mut s, imm, was);
         removed
+    }
+
+    /// Counters held (every stripe).
+    #[cfg(test)]
+    pub(crate) fn held(&self) -> usize {
+        self.stripes
+            .iter()
+            .map(|s| {
+                s.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .counters
+                    .len()
+            })
+            .sum()
+    }
+
+    /// Arrivals dropped because the cap on unexpected immediates was reached.
+    pub(crate) fn dropped(&self) -> u64 {
+        self.dropped.load(AtomicOrdering::Relaxed)
     }
 
     /// Arrivals of `imm` not yet consumed by an expectation.
@@ -121,14 +223,17 @@ impl ImmCounters {
     /// Consumes up to `count` arrivals without an expectation; returns how many.
     pub(crate) fn take(&self, imm: u32, count: u64) -> u64 {
         let mut s = self.stripe(imm);
-        match s.counters.get_mut(&imm) {
+        let (was, taken) = match s.counters.get_mut(&imm) {
             Some(c) if c.waiting.is_empty() => {
+                let was = is_unexpected(c);
                 let n = c.arrived.min(count);
                 c.arrived -= n;
-                n
+                (was, n)
             }
-            _ => 0,
-        }
+            _ => return 0,
+        };
+        self.settle(&mut s, imm, was);
+        taken
     }
 }
 
@@ -147,7 +252,6 @@ fn drain_met(c: &mut Counter, fired: &mut Vec<Delivery>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 
     #[derive(Clone, Copy, Debug)]
     enum Ev {
@@ -246,6 +350,78 @@ mod tests {
                 assert_eq!(counters.value(9), budget, "order {order:?}");
             }
         }
+    }
+
+    fn run(fired: &mut Vec<Delivery>) {
+        for d in fired.drain(..) {
+            if let Delivery::Deferred(f) = d {
+                f();
+            }
+        }
+    }
+
+    /// Issue 12: a counter left with no arrivals and no expectation is
+    /// removed, whichever call emptied it.
+    #[test]
+    fn empty_counters_are_removed() {
+        let counters = ImmCounters::new();
+        let mut fired = Vec::new();
+        // Arrival then take.
+        counters.arrive(1, 2, &mut fired);
+        assert_eq!(counters.take(1, 2), 2);
+        // Expectation met by arrivals, before and after it was set.
+        counters.add_expectation(2, 1, ImmAction::Callback(Box::new(|| {})), &mut fired);
+        counters.arrive(2, 1, &mut fired);
+        counters.arrive(3, 1, &mut fired);
+        counters.add_expectation(3, 1, ImmAction::Callback(Box::new(|| {})), &mut fired);
+        // Expectation withdrawn before anything arrived.
+        let id = counters.add_expectation(4, 1, ImmAction::Callback(Box::new(|| {})), &mut fired);
+        assert!(counters.cancel(4, id, &mut fired));
+        run(&mut fired);
+        for imm in 1..=4 {
+            assert_eq!(counters.value(imm), 0);
+        }
+        assert_eq!(counters.held(), 0, "empty counters left behind");
+    }
+
+    /// Issue 12: a peer cannot make us hold more than `cap` distinct
+    /// immediates nobody expects; beyond it arrivals are dropped and
+    /// counted, expected immediates still count, and a freed slot is reused.
+    #[test]
+    fn unexpected_immediates_are_capped() {
+        let counters = ImmCounters::with_cap(4);
+        let mut fired = Vec::new();
+        for imm in 0..10 {
+            counters.arrive(imm, 1, &mut fired);
+        }
+        assert_eq!(counters.held(), 4);
+        assert_eq!(counters.dropped(), 6);
+        assert!((0..4).all(|i| counters.value(i) == 1));
+        assert!((4..10).all(|i| counters.value(i) == 0));
+        // More arrivals of a held immediate are not new memory: counted.
+        counters.arrive(0, 5, &mut fired);
+        assert_eq!(counters.value(0), 6);
+        // An expected immediate is counted even at the cap.
+        let hits = Arc::new(AtomicUsize::new(0));
+        let h = hits.clone();
+        counters.add_expectation(
+            100,
+            1,
+            ImmAction::Callback(Box::new(move || {
+                h.fetch_add(1, AtomicOrdering::SeqCst);
+            })),
+            &mut fired,
+        );
+        counters.arrive(100, 1, &mut fired);
+        run(&mut fired);
+        assert_eq!(hits.load(AtomicOrdering::SeqCst), 1);
+        assert_eq!(counters.dropped(), 6);
+        // Consuming a held immediate frees its slot for a new one.
+        assert_eq!(counters.take(1, 1), 1);
+        counters.arrive(7, 1, &mut fired);
+        assert_eq!(counters.value(7), 1);
+        assert_eq!(counters.dropped(), 6);
+        assert_eq!(counters.held(), 4);
     }
 
     #[test]

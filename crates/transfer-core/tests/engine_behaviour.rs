@@ -433,3 +433,39 @@ fn raw_region_refuses_host_access_after_unregister() {
     assert_eq!(buf[..3], [1, 2, 3], "nothing written after unregister");
     drop(buf);
 }
+
+/// Issue 12: a peer sending ever new immediate values cannot grow the
+/// receiver's memory: beyond `max_unexpected_imms` distinct unexpected
+/// values, arrivals are dropped and counted; expected values still count.
+#[test]
+fn unexpected_immediates_are_bounded_and_counted() {
+    let fabric = TestFabric::new(TestFabricConfig::default());
+    let a = TransferEngine::builder()
+        .group(fabric.domains(1))
+        .build()
+        .unwrap();
+    let b = TransferEngine::builder()
+        .max_unexpected_imms(3)
+        .group(fabric.domains(1))
+        .build()
+        .unwrap();
+    let src = a.alloc_host(4096, 0).unwrap();
+    let dst = b.alloc_host(4096, 0).unwrap();
+    let t = target(&a, &b, &dst);
+    for imm in (0..8).chain([1000]) {
+        let req = WriteRequest {
+            src: &src,
+            src_offset: 0,
+            dst: &t,
+            dst_offset: 0,
+            len: 8,
+            imm: Some(imm),
+        };
+        a.write(req).unwrap().wait_timeout(GUARD).unwrap();
+    }
+    // The expected value was counted, so every arrival before it was handled.
+    b.wait_imm(1000, 1, GUARD).unwrap();
+    assert_eq!(b.imm_dropped(), 5);
+    let held: u64 = (0..8).map(|i| b.imm_value(i)).sum();
+    assert_eq!(held, 3);
+}
