@@ -6,6 +6,7 @@ mod common;
 use common::*;
 use transfer_rpc::client::{Client, ClientConfig, CopyPath, copy_between};
 use transfer_rpc::protocol::{Command, RpcTensor};
+use transfer_rpc::server::peer::PeerAllow;
 use transfer_rpc::server::{ServerConfig, ServerHandle};
 
 fn small() -> ServerConfig {
@@ -217,7 +218,7 @@ fn destination_rejecting_the_write_answers_zero() {
 fn source_allow_list_refuses_other_destinations() {
     let sb = start(small());
     let sa = start(ServerConfig {
-        peer_allow: vec!["127.0.0.1:1".into()],
+        peer_allow: PeerAllow::parse(&["127.0.0.1:1".to_string()]).unwrap(),
         ..small()
     });
     let (mut a, ta) = setup(&sa, 16);

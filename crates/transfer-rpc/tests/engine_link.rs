@@ -632,7 +632,7 @@ impl ServerProcess {
     fn start(args: &[&str]) -> ServerProcess {
         use std::io::BufRead;
         let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_transfer-rpc-server"))
-            .args(["--port", "0"])
+            .args(["--port", "0", "--peer-allow", "loopback"])
             .args(args)
             .stderr(std::process::Stdio::piped())
             .spawn()

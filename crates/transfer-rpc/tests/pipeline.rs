@@ -19,7 +19,13 @@ use transfer_rpc::pipeline::{
     default_prompts, run_groups,
 };
 use transfer_rpc::protocol::Command;
+use transfer_rpc::server::peer::PeerAllow;
 use transfer_rpc::server::{GgmlCpuBackend, Server, ServerConfig, ServerHandle};
+
+/// Direct copies between the test's servers on loopback.
+fn loopback_peers() -> PeerAllow {
+    PeerAllow::parse(&["loopback".to_string()]).unwrap()
+}
 use transfer_rpc::validate::GraphLimits;
 
 const SPEC: SyntheticSpec = SyntheticSpec {
@@ -199,6 +205,7 @@ fn start_server(extensions: bool) -> ServerHandle {
             memory_quota: 64 << 20,
             max_buffer_size: 64 << 20,
             extensions,
+            peer_allow: loopback_peers(),
             ..ServerConfig::default()
         },
         Arc::new(GgmlCpuBackend::new(1, 1, GraphLimits::default())),
@@ -623,6 +630,7 @@ mod engine_arm {
                 memory_quota: 64 << 20,
                 max_buffer_size: 64 << 20,
                 engine: Some(link),
+                peer_allow: loopback_peers(),
                 ..ServerConfig::default()
             },
             Arc::new(GgmlCpuBackend::new(1, 1, GraphLimits::default())),

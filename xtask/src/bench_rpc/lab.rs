@@ -95,6 +95,9 @@ pub struct EngineFlags {
     pub domain: bool,
     /// `--engine-node ADDR` exists (the address the endpoints bind to).
     pub node: bool,
+    /// `--peer-allow` takes networks and allows nothing by default (its
+    /// help mentions `loopback`).
+    pub peer_networks: bool,
 }
 
 impl EngineFlags {
@@ -109,6 +112,7 @@ impl EngineFlags {
             iface: has("--engine-iface"),
             domain: has("--engine-domain"),
             node: has("--engine-node"),
+            peer_networks: has("--peer-allow") && help.contains("loopback"),
         }
     }
 }
@@ -127,7 +131,13 @@ pub fn server(bin: &str, s: usize, threads: usize, flags: EngineFlags) -> Vec<St
         SERVER_PORT.to_string(),
         "--threads".into(),
         threads.to_string(),
+        // Direct copies between the lab's hosts (servers allow none unless
+        // told; older servers took `--peer-allow` as host:port entries, and
+        // an empty list meant any, so they are left as they were).
     ];
+    if flags.peer_networks {
+        v.extend(["--peer-allow".into(), format!("{}/24", host_ip(0))]);
+    }
     if flags.engine {
         v.extend(["--engine".into(), "tcp".into()]);
     }
@@ -354,7 +364,8 @@ mod tests {
                 engine: true,
                 iface: true,
                 domain: false,
-                node: false
+                node: false,
+                peer_networks: false
             }
         );
         let none = EngineFlags::from_help("  --engines-x\n  --peer-allow <PEER_ALLOW>\n");
@@ -364,8 +375,15 @@ mod tests {
                 engine: false,
                 iface: false,
                 domain: false,
-                node: false
+                node: false,
+                peer_networks: false
             }
+        );
+        let nets = EngineFlags::from_help("--peer-allow <P>  host:port, 10.0.0.0/24, loopback");
+        assert!(nets.peer_networks && !nets.engine);
+        assert_eq!(
+            server("/s", 1, 1, nets).join(" "),
+            "ip netns exec xtb-h1 /s --host 10.77.0.2 --port 50052 --threads 1 --peer-allow 10.77.0.1/24"
         );
         let node =
             EngineFlags::from_help("--engine <P>\n--engine-node <ADDR>\n--engine-domain=<D>");

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use clap::Parser;
 #[cfg(not(feature = "ggml"))]
 use transfer_rpc::server::RefusingBackend;
+use transfer_rpc::server::peer::PeerAllow;
 use transfer_rpc::server::{ComputeBackend, Server, ServerConfig};
 
 /// Command line, modelled on llama.cpp's `rpc-server`.
@@ -32,17 +33,35 @@ struct Cli {
     /// SET_TENSOR_HASH cache directory (enables the cache).
     #[arg(short, long)]
     cache: Option<PathBuf>,
-    /// Most concurrent connections.
+    /// Most concurrent sessions (connections past HELLO).
     #[arg(long, default_value_t = 64)]
     max_connections: usize,
+    /// Most sessions from one client address.
+    #[arg(long, default_value_t = 32)]
+    max_connections_per_address: usize,
+    /// Seconds a new connection has to send its HELLO.
+    #[arg(long, default_value_t = 10)]
+    hello_timeout_s: u64,
+    /// Seconds a session may stay silent between commands (0 = forever, like
+    /// upstream; llama.cpp holds its connection, and so its model, idle).
+    #[arg(long, default_value_t = 0)]
+    idle_timeout_s: u64,
+    /// MiB that request payloads of all sessions may hold at once (outside --mem).
+    #[arg(long, default_value_t = 1024)]
+    inflight_mib: u64,
+    /// Most MiB the --cache directory keeps (least recently used evicted).
+    #[arg(long, default_value_t = 16384)]
+    cache_max_mib: u64,
     /// Largest accepted message in MiB.
     #[arg(long, default_value_t = 4096)]
     max_message_mib: u64,
     /// Disable the extension (behave exactly like an upstream server).
     #[arg(long)]
     no_ext: bool,
-    /// Destinations COPY_TENSOR_TO may reach (`host:port`, repeatable; none = any).
-    #[arg(long)]
+    /// Where COPY_TENSOR_TO may connect (repeatable, or comma-separated):
+    /// `host:port`, an address or network (`10.0.0.0/24`), `loopback`, or
+    /// `any`. None by default: clients then copy through themselves.
+    #[arg(long, value_delimiter = ',')]
     peer_allow: Vec<String>,
     /// Log every command.
     #[arg(short, long)]
@@ -121,6 +140,13 @@ fn attach_engine(_cli: &Cli, _config: &mut ServerConfig) -> Result<(), String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let peer_allow = match PeerAllow::parse(&cli.peer_allow) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("transfer-rpc-server: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let quota = cli.mem.saturating_mul(1 << 20);
     let mut config = ServerConfig {
         bind: format!("{}:{}", cli.host, cli.port),
@@ -128,10 +154,16 @@ fn main() -> ExitCode {
         memory_quota: quota,
         max_buffer_size: quota,
         max_connections: cli.max_connections,
+        max_connections_per_address: cli.max_connections_per_address,
+        hello_timeout: std::time::Duration::from_secs(cli.hello_timeout_s.max(1)),
+        idle_timeout: (cli.idle_timeout_s > 0)
+            .then(|| std::time::Duration::from_secs(cli.idle_timeout_s)),
+        inflight_budget: cli.inflight_mib.saturating_mul(1 << 20),
+        cache_max_bytes: cli.cache_max_mib.saturating_mul(1 << 20),
         threads: cli.threads,
         cache_dir: cli.cache.clone(),
         extensions: !cli.no_ext,
-        peer_allow: cli.peer_allow.clone(),
+        peer_allow,
         verbose: cli.verbose,
         ..ServerConfig::default()
     };

@@ -18,6 +18,37 @@ pub const SET_TENSOR_HEADER_SIZE: usize = RPC_TENSOR_SIZE + 1 + 8;
 /// Size of the fixed part of a COPY_TENSOR_TO payload.
 pub const COPY_TENSOR_TO_HEADER_SIZE: usize = 2 * RPC_TENSOR_SIZE + 8 + 4;
 
+/// Decodes the fixed part of a SET_TENSOR payload (exactly
+/// [`SET_TENSOR_HEADER_SIZE`] bytes): tensor, cache flag, offset. Lets a
+/// server check the destination before it reads the data.
+pub fn decode_set_tensor_header(p: &[u8]) -> Result<(Box<RpcTensor>, u8, u64)> {
+    let call = Command::SetTensor.name();
+    expect_len(call, p, SET_TENSOR_HEADER_SIZE)?;
+    let mut r = Reader::new(p, call);
+    let t = tensor(&mut r)?;
+    let flag = r.u8()?;
+    let offset = r.u64()?;
+    r.finish()?;
+    Ok((t, flag, offset))
+}
+
+/// Largest payload `cmd` can carry under these limits: commands of a fixed
+/// or bounded layout get that bound, SET_TENSOR its header plus the largest
+/// buffer, GRAPH_COMPUTE what the graph limits allow. Checked before a
+/// payload byte is read.
+pub fn max_request_payload(cmd: Command, max_buffer: u64, max_nodes: u64, max_tensors: u64) -> u64 {
+    /// Covers every fixed layout (the largest, GET_ALLOC_SIZE, is 3.3 KB)
+    /// and the engine commands' bounded strings.
+    const SMALL: u64 = 64 << 10;
+    match cmd {
+        Command::SetTensor => (SET_TENSOR_HEADER_SIZE as u64).saturating_add(max_buffer),
+        Command::GraphCompute => 8u64
+            .saturating_add(max_nodes.saturating_mul(8))
+            .saturating_add(max_tensors.saturating_mul(RPC_TENSOR_SIZE as u64)),
+        _ => SMALL,
+    }
+}
+
 /// A decoded request. Tensors are untrusted until validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request<'a> {

@@ -8,6 +8,7 @@ use std::time::Duration;
 #[cfg(feature = "engine")]
 use crate::engine_link::EngineLink;
 
+use super::peer::PeerAllow;
 use crate::protocol::Limits;
 use crate::validate::GraphLimits;
 
@@ -24,12 +25,28 @@ pub struct ServerConfig {
     pub max_buffer_size: u64,
     /// Alignment reported by GET_ALIGNMENT.
     pub alignment: u64,
-    /// Most concurrent connections; further ones wait in the accept queue.
+    /// Most concurrent sessions (connections past HELLO). A HELLO that finds
+    /// them all taken waits up to `hello_timeout` for one, then is refused.
     pub max_connections: usize,
+    /// Most sessions from one client address.
+    pub max_connections_per_address: usize,
+    /// Most connections waiting for their HELLO; beyond it the oldest
+    /// waiting connection is closed to make room.
+    pub max_pending: usize,
+    /// Most connections from one address waiting for their HELLO; beyond it
+    /// that address's oldest waiting connection is closed.
+    pub max_pending_per_address: usize,
+    /// Time a new connection has to send its HELLO.
+    pub hello_timeout: Duration,
+    /// Longest wait for the next byte once a frame has started, and for a
+    /// response to be taken by the client (socket write timeout).
+    pub frame_timeout: Duration,
     /// Compute threads a backend may use.
     pub threads: usize,
     /// SET_TENSOR_HASH cache directory.
     pub cache_dir: Option<PathBuf>,
+    /// Most bytes the cache keeps on disk (least recently used evicted).
+    pub cache_max_bytes: u64,
     /// Message size limits.
     pub limits: Limits,
     /// Graph size limits.
@@ -38,15 +55,22 @@ pub struct ServerConfig {
     /// false the server behaves like upstream: those bytes close the
     /// connection.
     pub extensions: bool,
-    /// Destinations COPY_TENSOR_TO may connect to (`host:port` as the client
-    /// sends them); empty = any.
-    pub peer_allow: Vec<String>,
+    /// Destinations COPY_TENSOR_TO may connect to; empty (the default) =
+    /// none. See [`PeerAllow::parse`] for the forms.
+    pub peer_allow: PeerAllow,
     /// Timeout for connecting to a peer.
     pub peer_connect_timeout: Duration,
     /// Read/write timeout on peer connections.
     pub peer_io_timeout: Duration,
-    /// Idle timeout of client connections (`None` = wait forever, like upstream).
+    /// Idle timeout of sessions between frames (`None` = wait forever, like
+    /// upstream: llama.cpp holds one connection for a model's lifetime, and
+    /// closing it frees the model's buffers).
     pub idle_timeout: Option<Duration>,
+    /// Bytes of request payloads that all sessions together may hold in
+    /// memory at once (outside the buffer quota). A request that needs more
+    /// than is free waits up to `frame_timeout`; one larger than the whole
+    /// budget is refused.
+    pub inflight_budget: u64,
     /// Log every command, not only refusals.
     pub verbose: bool,
     /// The server's TransferEngine: serves ENGINE_* and advertises the
@@ -66,15 +90,22 @@ impl Default for ServerConfig {
             max_buffer_size: quota,
             alignment: 64,
             max_connections: 64,
+            max_connections_per_address: 32,
+            max_pending: 256,
+            max_pending_per_address: 64,
+            hello_timeout: Duration::from_secs(10),
+            frame_timeout: Duration::from_secs(60),
             threads: 1,
             cache_dir: None,
+            cache_max_bytes: 16 << 30,
             limits: Limits::default(),
             graph_limits: GraphLimits::default(),
             extensions: true,
-            peer_allow: Vec::new(),
+            peer_allow: PeerAllow::default(),
             peer_connect_timeout: Duration::from_secs(5),
-            peer_io_timeout: Duration::from_secs(60),
+            peer_io_timeout: Duration::from_secs(30),
             idle_timeout: None,
+            inflight_budget: 1 << 30,
             verbose: false,
             #[cfg(feature = "engine")]
             engine: None,

@@ -31,6 +31,12 @@ impl Session {
         let cfg = &shared.config;
         match (&req, self.hello_done) {
             (Request::Hello(_), false) => {
+                let slot = self
+                    .shared
+                    .admission
+                    .promote(self.id, self.peer_ip, cfg.hello_timeout)
+                    .map_err(|r| RpcError::refused("HELLO", r.to_string()))?;
+                self.slot = Some(slot);
                 self.hello_done = true;
                 return Session::respond(Response::Hello(HelloResponse::ours()));
             }
@@ -139,6 +145,11 @@ impl Session {
                 let c = self.tensor("GET_TENSOR", &tensor)?;
                 let (region, at) = c.range("GET_TENSOR", offset, size)?;
                 cfg.limits.check("GET_TENSOR", size)?;
+                self.response_budget = Some(shared.budget.reserve(
+                    "GET_TENSOR",
+                    size,
+                    cfg.frame_timeout,
+                )?);
                 let data = reg.read_range("GET_TENSOR", region.handle, at, size)?;
                 Session::respond(Response::Data(data))
             }
@@ -153,6 +164,9 @@ impl Session {
                     ));
                     return Session::respond(Response::Status(0));
                 };
+                let _held = shared
+                    .budget
+                    .reserve("COPY_TENSOR", s.nbytes, cfg.frame_timeout)?;
                 let data = reg.read_range("COPY_TENSOR", sr.handle, sat, s.nbytes)?;
                 reg.write("COPY_TENSOR", dr.handle, dat, &data)?;
                 Session::respond(Response::Status(1))
@@ -240,6 +254,9 @@ impl Session {
                     self.shared.log(&format!("session {}: {e}", self.id));
                     return Session::respond(Response::Status(0));
                 }
+                let _held = shared
+                    .budget
+                    .reserve("COPY_TENSOR_TO", size, cfg.frame_timeout)?;
                 let data = reg.read_range("COPY_TENSOR_TO", region.handle, at, size)?;
                 // No lock is held while talking to the peer.
                 match self.peers.copy(&endpoint, &dst, &data) {

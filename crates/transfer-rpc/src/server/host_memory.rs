@@ -64,13 +64,8 @@ impl HostMemory {
         // just created (map_len = body + 2 pages).
         let body_ptr = unsafe { map.as_ptr().add(PAGE) };
         // SAFETY: the range is inside our mapping and page aligned.
-        let rc = unsafe {
-            libc::mprotect(
-                body_ptr.cast(),
-                body,
-                libc::PROT_READ | libc::PROT_WRITE,
-            )
-        };
+        let rc =
+            unsafe { libc::mprotect(body_ptr.cast(), body, libc::PROT_READ | libc::PROT_WRITE) };
         let mem = HostMemory {
             ptr: NonNull::new(body_ptr)?,
             len,

@@ -1,20 +1,24 @@
 //! A threaded ggml-rpc TCP server.
 //!
-//! One thread per connection, bounded by [`ServerConfig::max_connections`]
-//! (extra connections wait in the accept queue). Sessions share one
+//! One thread per connection. Connections are admitted by [`admission`]:
+//! bounded sessions (in total and per client address), bounded connections
+//! waiting for their HELLO (the oldest is closed to make room, so silent
+//! sockets cannot lock clients out), a deadline for the HELLO and for every
+//! frame once it has started. Sessions share one
 //! [`BufferRegistry`]; each owns the buffers it allocated and frees them on
 //! disconnect. Bad input closes only its own connection, with a logged
 //! reason. One execution lock per device is held only around compute, never
 //! while talking to another server.
 
+pub mod admission;
+pub mod budget;
 pub mod cache;
 pub mod compute;
 pub mod config;
 mod dispatch;
-pub mod host_memory;
 #[cfg(feature = "ggml")]
 pub mod ggml_backend;
-pub mod limiter;
+pub mod host_memory;
 pub mod peer;
 pub mod registry;
 pub mod session;
@@ -33,7 +37,8 @@ pub use ggml_backend::GgmlCpuBackend;
 pub use registry::BufferRegistry;
 
 use crate::error::{Result, RpcError};
-use limiter::Limiter;
+use admission::{Admission, AdmissionLimits};
+use budget::InflightBudget;
 use session::Session;
 
 /// State shared by every session of a server.
@@ -52,6 +57,10 @@ pub struct Shared {
     next_session: AtomicU64,
     live: Mutex<HashMap<u64, TcpStream>>,
     closed_with_error: AtomicU64,
+    /// Pending connections and session slots.
+    pub admission: Arc<Admission>,
+    /// Bytes requests hold outside the buffer quota.
+    pub budget: Arc<InflightBudget>,
 }
 
 impl Shared {
@@ -78,7 +87,6 @@ impl Shared {
 pub struct Server {
     shared: Arc<Shared>,
     listener: TcpListener,
-    limiter: Arc<Limiter>,
 }
 
 impl Server {
@@ -89,9 +97,14 @@ impl Server {
         let cache = config
             .cache_dir
             .as_deref()
-            .map(HashCache::open)
+            .map(|dir| HashCache::open(dir, config.cache_max_bytes))
             .transpose()?;
-        let limiter = Limiter::new(config.max_connections);
+        let admission = Admission::new(AdmissionLimits {
+            max_sessions: config.max_connections,
+            max_sessions_per_address: config.max_connections_per_address,
+            max_pending: config.max_pending,
+            max_pending_per_address: config.max_pending_per_address,
+        });
         let shared = Arc::new(Shared {
             registry: Arc::new(BufferRegistry::new(config.memory_quota)),
             backend,
@@ -101,13 +114,11 @@ impl Server {
             next_session: AtomicU64::new(1),
             live: Mutex::new(HashMap::new()),
             closed_with_error: AtomicU64::new(0),
+            admission,
+            budget: InflightBudget::new(config.inflight_budget),
             config,
         });
-        Ok(Server {
-            shared,
-            listener,
-            limiter,
-        })
+        Ok(Server { shared, listener })
     }
 
     /// The address actually bound.
@@ -126,9 +137,6 @@ impl Server {
     pub fn run(self) -> Result<()> {
         let stop = || self.shared.stop.load(Ordering::SeqCst);
         loop {
-            let Some(slot) = self.limiter.acquire(&stop) else {
-                return Ok(());
-            };
             let (stream, peer) = match self.listener.accept() {
                 Ok(x) => x,
                 Err(e) => {
@@ -143,8 +151,13 @@ impl Server {
                 return Ok(());
             }
             let _ = stream.set_nodelay(true);
-            let _ = stream.set_read_timeout(self.shared.config.idle_timeout);
+            // Until the HELLO has arrived.
+            let _ = stream.set_read_timeout(Some(self.shared.config.hello_timeout));
+            let _ = stream.set_write_timeout(Some(self.shared.config.frame_timeout));
             let id = self.shared.next_session.fetch_add(1, Ordering::Relaxed);
+            self.shared
+                .admission
+                .accepted(id, peer.ip(), stream.try_clone().ok());
             if let Ok(clone) = stream.try_clone() {
                 self.shared
                     .live
@@ -155,8 +168,9 @@ impl Server {
             let shared = Arc::clone(&self.shared);
             let spawned = std::thread::Builder::new()
                 .name(format!("rpc-session-{id}"))
-                .spawn(move || serve_connection(shared, id, stream, peer, slot));
+                .spawn(move || serve_connection(shared, id, stream, peer));
             if let Err(e) = spawned {
+                self.shared.admission.pending_closed(id, peer.ip());
                 self.shared
                     .log(&format!("cannot start a session thread: {e}"));
                 self.shared
@@ -184,14 +198,8 @@ impl Server {
     }
 }
 
-fn serve_connection(
-    shared: Arc<Shared>,
-    id: u64,
-    mut stream: TcpStream,
-    peer: SocketAddr,
-    _slot: limiter::Slot,
-) {
-    let mut session = Session::new(id, Arc::clone(&shared));
+fn serve_connection(shared: Arc<Shared>, id: u64, mut stream: TcpStream, peer: SocketAddr) {
+    let mut session = Session::new(id, peer.ip(), Arc::clone(&shared));
     if shared.config.verbose {
         shared.log(&format!("session {id}: accepted {peer}"));
     }
@@ -204,6 +212,12 @@ fn serve_connection(
         }
     }
     session.close();
+    if !session.is_admitted() {
+        shared.admission.pending_closed(id, peer.ip());
+    }
+    // A session's slot is released when `session` drops, after its buffers
+    // were freed.
+    drop(session);
     let _ = stream.shutdown(Shutdown::Both);
     shared
         .live

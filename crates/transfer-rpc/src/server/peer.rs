@@ -4,8 +4,14 @@
 //! closed when the session that asked ends. Every failure is recoverable
 //! (the client falls back to the hub), so the pool answers `false` rather
 //! than erroring.
+//!
+//! A client names the destination, so without a policy any client could
+//! make the server connect anywhere it can reach. The operator says where
+//! copies may go ([`PeerAllow`]); by default nowhere (COPY_TENSOR_TO then
+//! answers 0 and the client copies through itself).
 
 use std::collections::{HashMap, HashSet};
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use crate::client::{Client, ClientConfig};
@@ -13,11 +19,103 @@ use crate::error::{Result, RpcError};
 use crate::protocol::RpcTensor;
 use crate::protocol::hello::{FEATURE_PEER_BARRIER, HelloResponse};
 
+/// One rule of [`PeerAllow`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PeerRule {
+    /// Every destination (`any`).
+    Any,
+    /// Exactly this `host:port`, as the client sends it.
+    Endpoint(String),
+    /// Any port on an address of this network (`10.0.0.0/8`, `::1/128`,
+    /// a bare address, or `loopback`). Matches IP-literal endpoints only:
+    /// a host name would be resolved again at connect time.
+    Net(IpAddr, u8),
+}
+
+/// Where COPY_TENSOR_TO may connect. Empty: nowhere.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PeerAllow(pub Vec<PeerRule>);
+
+fn parse_net(s: &str) -> Option<PeerRule> {
+    let (ip, bits) = match s.split_once('/') {
+        Some((ip, bits)) => (ip.parse::<IpAddr>().ok()?, Some(bits.parse::<u8>().ok()?)),
+        None => (s.parse::<IpAddr>().ok()?, None),
+    };
+    let max = if ip.is_ipv4() { 32 } else { 128 };
+    let bits = bits.unwrap_or(max);
+    (bits <= max).then_some(PeerRule::Net(ip, bits))
+}
+
+fn in_net(ip: IpAddr, net: IpAddr, bits: u8) -> bool {
+    match (ip.to_canonical(), net) {
+        (IpAddr::V4(a), IpAddr::V4(n)) => {
+            let mask = u32::MAX.checked_shl(32 - u32::from(bits)).unwrap_or(0);
+            u32::from(a) & mask == u32::from(n) & mask
+        }
+        (IpAddr::V6(a), IpAddr::V6(n)) => {
+            let mask = u128::MAX.checked_shl(128 - u32::from(bits)).unwrap_or(0);
+            u128::from(a) & mask == u128::from(n) & mask
+        }
+        _ => false,
+    }
+}
+
+impl PeerAllow {
+    /// Parses `--peer-allow` entries: `any`, `loopback`, `ADDR[/BITS]`, or
+    /// `host:port`.
+    pub fn parse(entries: &[String]) -> Result<PeerAllow> {
+        let mut rules = Vec::new();
+        for e in entries.iter().map(|e| e.trim()) {
+            match e {
+                "any" | "*" => rules.push(PeerRule::Any),
+                "loopback" => {
+                    rules.push(PeerRule::Net(IpAddr::from([127, 0, 0, 0]), 8));
+                    rules.push(PeerRule::Net(
+                        IpAddr::from([0u16, 0, 0, 0, 0, 0, 0, 1]),
+                        128,
+                    ));
+                }
+                _ => match parse_net(e) {
+                    Some(r) => rules.push(r),
+                    None if e
+                        .rsplit_once(':')
+                        .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok()) =>
+                    {
+                        rules.push(PeerRule::Endpoint(e.to_owned()))
+                    }
+                    None => {
+                        return Err(RpcError::refused(
+                            "--peer-allow",
+                            format!("`{e}` is not any, loopback, ADDR[/BITS] or host:port"),
+                        ));
+                    }
+                },
+            }
+        }
+        Ok(PeerAllow(rules))
+    }
+
+    /// What to connect to for `endpoint`, if a rule allows it: the
+    /// endpoint itself (`any`, an exact rule) or the checked socket address
+    /// (a network rule; connecting to the literal address means nothing is
+    /// resolved again after the check).
+    pub fn permits(&self, endpoint: &str) -> Option<String> {
+        let literal = endpoint.parse::<SocketAddr>().ok();
+        self.0.iter().find_map(|r| match r {
+            PeerRule::Any => Some(endpoint.to_owned()),
+            PeerRule::Endpoint(e) => (e == endpoint).then(|| endpoint.to_owned()),
+            PeerRule::Net(net, bits) => literal
+                .filter(|a| in_net(a.ip(), *net, *bits))
+                .map(|a| a.to_string()),
+        })
+    }
+}
+
 /// Peer connection settings.
 #[derive(Debug, Clone)]
 pub struct PeerConfig {
-    /// Allowed destinations; empty = any.
-    pub allow: Vec<String>,
+    /// Allowed destinations.
+    pub allow: PeerAllow,
     /// Connect timeout.
     pub connect_timeout: Duration,
     /// Read/write timeout.
@@ -42,19 +140,27 @@ impl PeerPool {
         }
     }
 
-    /// Refuses destinations outside the allow list.
+    /// Refuses destinations the operator did not allow.
     pub fn check_allowed(&self, endpoint: &str) -> Result<()> {
-        if self.config.allow.is_empty() || self.config.allow.iter().any(|a| a == endpoint) {
-            Ok(())
-        } else {
-            Err(RpcError::refused(
+        match self.config.allow.permits(endpoint) {
+            Some(_) => Ok(()),
+            None => Err(RpcError::refused(
                 "COPY_TENSOR_TO",
-                format!("destination {endpoint} is not in the peer allow list"),
-            ))
+                format!(
+                    "destination {endpoint} is not allowed (the server's --peer-allow; none by default)"
+                ),
+            )),
         }
     }
 
     fn connect(&self, endpoint: &str) -> Result<Client> {
+        let Some(target) = self.config.allow.permits(endpoint) else {
+            return Err(RpcError::refused(
+                "COPY_TENSOR_TO",
+                "destination not allowed",
+            ));
+        };
+        let endpoint = target.as_str();
         // The handshake gets the short timeout: an upstream destination
         // serves one connection at a time and would leave it unanswered.
         let cfg = ClientConfig {
@@ -136,5 +242,34 @@ impl PeerPool {
     /// Version of a cached peer, if connected.
     pub fn peer_version(&self, endpoint: &str) -> Option<HelloResponse> {
         self.conns.get(endpoint).map(Client::server_version)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn allow(e: &[&str]) -> PeerAllow {
+        PeerAllow::parse(&e.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap_or_default()
+    }
+
+    #[test]
+    fn nothing_is_allowed_by_default_and_rules_match_what_they_say() {
+        assert_eq!(PeerAllow::default().permits("127.0.0.1:50052"), None);
+        let lo = allow(&["loopback"]);
+        assert_eq!(lo.permits("127.0.0.1:5").as_deref(), Some("127.0.0.1:5"));
+        assert_eq!(lo.permits("[::1]:5").as_deref(), Some("[::1]:5"));
+        assert_eq!(lo.permits("10.0.0.1:5"), None);
+        assert_eq!(lo.permits("localhost:5"), None, "names are not resolved");
+        let net = allow(&["10.77.0.0/24", "host.example:7"]);
+        assert!(net.permits("10.77.0.9:1").is_some());
+        assert!(net.permits("10.77.1.9:1").is_none());
+        assert!(net.permits("host.example:7").is_some());
+        assert!(net.permits("host.example:8").is_none());
+        assert!(allow(&["any"]).permits("anything:1").is_some());
+        assert!(allow(&["0.0.0.0/0"]).permits("192.168.1.1:1").is_some());
+        for bad in ["10.0.0.0/33", "nonsense", ":80", "host:99999"] {
+            assert!(PeerAllow::parse(&[bad.to_string()]).is_err(), "{bad}");
+        }
     }
 }

@@ -5,11 +5,22 @@ use std::sync::Arc;
 
 use transfer_rpc::client::{Client, ClientConfig};
 use transfer_rpc::protocol::RpcTensor;
+use transfer_rpc::server::peer::PeerAllow;
 use transfer_rpc::server::{RefusingBackend, Server, ServerConfig, ServerHandle};
 
+/// Copies to servers on this machine's loopback.
+pub fn loopback_peers() -> PeerAllow {
+    PeerAllow::parse(&["loopback".to_string()]).unwrap()
+}
+
 /// Starts a server on an ephemeral 127.0.0.1 port.
+/// Direct copies may go to loopback peers unless the test set a policy
+/// (the server's own default is none; see `peer_policy` tests).
 pub fn start(mut config: ServerConfig) -> ServerHandle {
     config.bind = "127.0.0.1:0".into();
+    if config.peer_allow == PeerAllow::default() {
+        config.peer_allow = loopback_peers();
+    }
     Server::bind(config, Arc::new(RefusingBackend))
         .unwrap()
         .spawn()
@@ -73,6 +84,7 @@ pub fn start_ggml() -> ServerHandle {
             bind: "127.0.0.1:0".into(),
             memory_quota: 16 << 20,
             max_buffer_size: 16 << 20,
+            peer_allow: loopback_peers(),
             ..ServerConfig::default()
         },
         Arc::new(GgmlCpuBackend::new(1, 2, GraphLimits::default())),
