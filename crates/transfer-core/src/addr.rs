@@ -57,6 +57,11 @@ pub struct GroupAddress {
     pub ordering: Ordering,
     /// How this group splits single writes (receivers need it to count immediates).
     pub shard_policy: ShardPolicy,
+    /// Largest write any NIC of the group accepts (the smallest
+    /// [`crate::DomainInfo::max_write_size`]; 0 means no limit). The group
+    /// splits longer writes, and an unordered group's receivers count the
+    /// pieces' immediates (see [`crate::shard::expected_imms`]).
+    pub max_write_size: u64,
 }
 
 /// An engine's main address: everything a peer needs to reach it.

@@ -224,6 +224,7 @@ fn spawn_worker<D: Domain>(
     let queue = WorkerQueue::new(ctx.queue_capacity);
     let worker = Worker {
         ordered: addr.ordering == crate::addr::Ordering::InOrder,
+        max_write: addr.max_write_size,
         group,
         policy: ctx.policy,
         idle: ctx.idle,

@@ -65,7 +65,8 @@ impl<D: Domain> DomainGroup<D> {
         &mut self.domains
     }
 
-    /// The group's address: InOrder only if every NIC delivers in order.
+    /// The group's address: InOrder only if every NIC delivers in order;
+    /// the write size limit of its most limited NIC.
     pub fn address(&self, shard_policy: ShardPolicy) -> GroupAddress {
         let ordering = if self
             .domains
@@ -76,10 +77,19 @@ impl<D: Domain> DomainGroup<D> {
         } else {
             Ordering::Unordered
         };
+        // 0 (no limit known) must not win the minimum.
+        let max_write_size = self
+            .domains
+            .iter()
+            .map(|d| d.info().max_write_size)
+            .filter(|&m| m != 0)
+            .min()
+            .unwrap_or(0);
         GroupAddress {
             nics: self.domains.iter().map(Domain::address).collect(),
             ordering,
             shard_policy,
+            max_write_size,
         }
     }
 

@@ -95,6 +95,34 @@ pub fn shard_single_write(len: u64, nics: usize, start: usize, policy: ShardPoli
         .collect()
 }
 
+/// The limit a `max_write_size` of 0 stands for: none known.
+fn effective_max(max_write_size: u64) -> u64 {
+    if max_write_size == 0 {
+        u64::MAX
+    } else {
+        max_write_size
+    }
+}
+
+/// Number of NIC writes one write of `len` bytes is posted as when a NIC
+/// accepts at most `max_write_size` bytes per write (0: no limit); a
+/// zero-length write is one.
+pub fn write_pieces(len: u64, max_write_size: u64) -> u64 {
+    len.div_ceil(effective_max(max_write_size)).max(1)
+}
+
+/// The `(offset, len)` pieces, in offset order, that one write of `len`
+/// bytes is posted as under `max_write_size` (0: no limit): every byte
+/// once, each piece at most the limit, `(0, 0)` for a zero-length write.
+pub fn split_write(len: u64, max_write_size: u64) -> impl Iterator<Item = (u64, u64)> {
+    let max = effective_max(max_write_size);
+    (0..write_pieces(len, max)).map(move |i| {
+        // i < ceil(len / max), so i * max < len: no overflow.
+        let offset = i * max;
+        (offset, (len - offset).min(max))
+    })
+}
+
 /// A contiguous run of pages `[first, first + count)` of a paged write, bound to one NIC.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PageBlock {
@@ -139,10 +167,21 @@ pub enum WriteShape {
         /// Length in bytes.
         len: u64,
     },
-    /// A paged write of `pages` pages.
+    /// A paged write of `pages` pages, each no longer than the sender's
+    /// [`GroupAddress::max_write_size`] (every NIC's limit is far above a
+    /// page in practice). Use [`WriteShape::PagedSized`] when pages may be
+    /// longer: an unordered sender splits such pages and each piece then
+    /// carries the immediate.
     Paged {
         /// Number of pages.
         pages: usize,
+    },
+    /// A paged write of `pages` pages of `page_len` bytes each (any length).
+    PagedSized {
+        /// Number of pages.
+        pages: usize,
+        /// Bytes per page.
+        page_len: u64,
     },
     /// A barrier (one zero-byte immediate write per peer).
     Barrier,
@@ -150,16 +189,34 @@ pub enum WriteShape {
 
 /// How many immediates carrying the same value one logical transfer from
 /// `sender` delivers to a receiver group with `receiver_nics` NICs.
+///
+/// The sender posts every piece of NIC write within its
+/// [`GroupAddress::max_write_size`], splitting longer shards and pages.
+/// In-order groups put the immediate on the last piece only (it lands
+/// last); unordered ones put it on every piece (each piece's immediate is
+/// the only sign that piece landed), so the count follows the split.
 pub fn expected_imms(sender: &GroupAddress, receiver_nics: usize, shape: WriteShape) -> u64 {
     let nics = sender.nics.len().min(receiver_nics).max(1);
+    let max = sender.max_write_size;
+    let ordered = sender.ordering == Ordering::InOrder;
     match shape {
         WriteShape::Single { len } => {
-            single_write_shard_count(len, nics, sender.shard_policy) as u64
+            let shards = shard_single_write(len, nics, 0, sender.shard_policy);
+            if ordered {
+                shards.len() as u64
+            } else {
+                shards
+                    .iter()
+                    .map(|s| write_pieces(s.len, max))
+                    .fold(0, u64::saturating_add)
+            }
         }
-        WriteShape::Paged { pages } => match sender.ordering {
-            Ordering::InOrder => split_pages(pages, nics, 0).len() as u64,
-            Ordering::Unordered => pages as u64,
-        },
+        WriteShape::Paged { pages } if ordered => split_pages(pages, nics, 0).len() as u64,
+        WriteShape::Paged { pages } => pages as u64,
+        WriteShape::PagedSized { pages, .. } if ordered => split_pages(pages, nics, 0).len() as u64,
+        WriteShape::PagedSized { pages, page_len } => {
+            (pages as u64).saturating_mul(write_pieces(page_len, max))
+        }
         WriteShape::Barrier => 1,
     }
 }

@@ -25,7 +25,7 @@ use crate::peer::{Peer, RemoteTarget};
 use crate::recv_pool::RecvPool;
 use crate::region::{HostBuffer, RegionInner};
 use crate::request::{Pages, ScatterItem};
-use crate::shard::{ShardPolicy, shard_single_write, split_pages};
+use crate::shard::{ShardPolicy, shard_single_write, split_pages, split_write};
 use crate::wakeup::{EventFd, wait_readable};
 
 /// A memory span crossing to the worker thread.
@@ -217,6 +217,9 @@ pub(crate) struct Worker<D: Domain> {
     pub(crate) policy: ShardPolicy,
     /// Whether every NIC of the group delivers in order (one immediate per page block suffices).
     pub(crate) ordered: bool,
+    /// Largest write every NIC of the group accepts (0: no limit); longer
+    /// shards and pages are posted as several writes.
+    pub(crate) max_write: u64,
     pub(crate) idle: IdlePolicy,
     pub(crate) queue: Arc<WorkerQueue>,
     pub(crate) callbacks: Arc<CallbackQueue>,
@@ -481,20 +484,27 @@ impl<D: Domain> Worker<D> {
         for shard in shard_single_write(len, nics, start, self.policy) {
             let peer = self.resolve(&dst.peer, dst.region.group, shard.nic)?;
             let remote = dst.region.nics[shard.nic];
-            let local_off = usize::try_from(src_offset + shard.offset)
-                .map_err(|_| TransferError::invalid("write", "offset overflows usize"))?;
-            let len = usize::try_from(shard.len)
-                .map_err(|_| TransferError::invalid("write", "length overflows usize"))?;
-            self.batches[shard.nic].push(WriteOp {
-                local_mr: src.mrs[shard.nic],
-                // SAFETY (pointer arithmetic only): offset checked against the region on submit.
-                local: src.ptr.wrapping_add(local_off),
-                len,
-                peer,
-                remote_addr: remote.base.wrapping_add(dst_offset + shard.offset),
-                remote_key: remote.key,
-                imm,
-            });
+            // Pieces within the NICs' limit (see `expected_imms`): in order,
+            // the last piece's immediate lands last; unordered, each piece
+            // needs its own.
+            for (piece, piece_len) in split_write(shard.len, self.max_write) {
+                let offset = shard.offset + piece;
+                let local_off = usize::try_from(src_offset + offset)
+                    .map_err(|_| TransferError::invalid("write", "offset overflows usize"))?;
+                let len = usize::try_from(piece_len)
+                    .map_err(|_| TransferError::invalid("write", "length overflows usize"))?;
+                let last = piece + piece_len == shard.len;
+                self.batches[shard.nic].push(WriteOp {
+                    local_mr: src.mrs[shard.nic],
+                    // SAFETY (pointer arithmetic only): offset checked against the region on submit.
+                    local: src.ptr.wrapping_add(local_off),
+                    len,
+                    peer,
+                    remote_addr: remote.base.wrapping_add(dst_offset + offset),
+                    remote_key: remote.key,
+                    imm: if self.ordered && !last { None } else { imm },
+                });
+            }
         }
         Ok(())
     }
@@ -524,8 +534,6 @@ impl<D: Domain> Worker<D> {
         const CALL: &str = "paged write";
         let nics = j.dst.nics_with(self.group.len());
         let ordered = self.ordered;
-        let len = usize::try_from(j.page_len)
-            .map_err(|_| TransferError::invalid(CALL, "page length overflows usize"))?;
         for block in split_pages(j.src_pages.indices.len(), nics, self.next_rr()) {
             let peer = self.resolve(&j.dst.peer, j.dst.region.group, block.nic)?;
             let remote = j.dst.region.nics[block.nic];
@@ -534,18 +542,25 @@ impl<D: Domain> Worker<D> {
                 else {
                     return Err(TransferError::invalid(CALL, "page offset overflow"));
                 };
-                let s = usize::try_from(s)
-                    .map_err(|_| TransferError::invalid(CALL, "offset overflows usize"))?;
-                let last = i + 1 == block.first + block.count;
-                self.batches[block.nic].push(WriteOp {
-                    local_mr: j.src.mrs[block.nic],
-                    local: j.src.ptr.wrapping_add(s),
-                    len,
-                    peer,
-                    remote_addr: remote.base.wrapping_add(d),
-                    remote_key: remote.key,
-                    imm: if ordered && !last { None } else { j.imm },
-                });
+                let last_page = i + 1 == block.first + block.count;
+                // Pages above the NICs' limit go as several writes; the
+                // immediate rules are those of `push_single`.
+                for (piece, piece_len) in split_write(j.page_len, self.max_write) {
+                    let local = usize::try_from(s + piece)
+                        .map_err(|_| TransferError::invalid(CALL, "offset overflows usize"))?;
+                    let len = usize::try_from(piece_len)
+                        .map_err(|_| TransferError::invalid(CALL, "page length overflows usize"))?;
+                    let last = last_page && piece + piece_len == j.page_len;
+                    self.batches[block.nic].push(WriteOp {
+                        local_mr: j.src.mrs[block.nic],
+                        local: j.src.ptr.wrapping_add(local),
+                        len,
+                        peer,
+                        remote_addr: remote.base.wrapping_add(d + piece),
+                        remote_key: remote.key,
+                        imm: if ordered && !last { None } else { j.imm },
+                    });
+                }
             }
         }
         Ok(())

@@ -1,7 +1,8 @@
 //! The conformance suite over the in-memory test domain, in two fabric
 //! configurations: unordered delivery with offset addressing (like EFA SRD
 //! and libfabric tcp's mr_mode 0), and in-order delivery with virtual
-//! addresses (like ConnectX RC).
+//! addresses (like ConnectX RC); both again with NICs that refuse writes
+//! above a small, odd `max_write_size` (the engine splits every write).
 
 use transfer_core::conformance::Harness;
 use transfer_core::testing::{TestFabric, TestFabricConfig};
@@ -35,6 +36,7 @@ mod unordered_offsets {
         ops_per_poll: 3,
         virt_addr: false,
         wait_fd: true,
+        max_write_size: u64::MAX,
     })));
 }
 
@@ -46,5 +48,30 @@ mod in_order_virt_addr {
         ops_per_poll: 64,
         virt_addr: true,
         wait_fd: false,
+        max_write_size: u64::MAX,
+    })));
+}
+
+mod unordered_small_max_write {
+    use super::*;
+    transfer_core::conformance_tests!(Some(TestHarness(TestFabricConfig {
+        seed: 13,
+        reorder: true,
+        ops_per_poll: 16,
+        virt_addr: false,
+        wait_fd: true,
+        max_write_size: 3 * 4096 + 5,
+    })));
+}
+
+mod in_order_small_max_write {
+    use super::*;
+    transfer_core::conformance_tests!(Some(TestHarness(TestFabricConfig {
+        seed: 17,
+        reorder: false,
+        ops_per_poll: 64,
+        virt_addr: true,
+        wait_fd: false,
+        max_write_size: 3 * 4096 + 5,
     })));
 }

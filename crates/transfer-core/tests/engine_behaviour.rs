@@ -206,6 +206,7 @@ fn immediates_counted_under_random_orders() {
             ops_per_poll: 1 + (seed as usize % 4),
             virt_addr: seed % 2 == 0,
             wait_fd: seed % 3 != 0,
+            max_write_size: u64::MAX,
         };
         let (_f, a, b) = pair(config, 1 + (seed as usize % 3), 64);
         let len = 1u64 << 20;
@@ -468,4 +469,129 @@ fn unexpected_immediates_are_bounded_and_counted() {
     assert_eq!(b.imm_dropped(), 5);
     let held: u64 = (0..8).map(|i| b.imm_value(i)).sum();
     assert_eq!(held, 3);
+}
+
+/// Issue 12: NICs that refuse writes above `max_write_size` (as libfabric
+/// does) get every write split by the engine: single writes (sharded over
+/// NICs or not), pages longer than the limit and scatter items. The bytes
+/// land, and the receiver's `expected_imms` matches what arrives, exactly
+/// (no surplus left), in order and out of order.
+#[test]
+fn writes_are_split_by_max_write_size() {
+    const MAX: u64 = 4096 + 17;
+    for (reorder, nics) in [(true, 1), (true, 2), (false, 1), (false, 3)] {
+        let config = TestFabricConfig {
+            reorder,
+            max_write_size: MAX,
+            ..TestFabricConfig::default()
+        };
+        let (_f, a, b) = pair(config, nics, 64);
+        let len = 1usize << 20;
+        let src = a.alloc_host(len, 0).unwrap();
+        let dst = b.alloc_host(len, 0).unwrap();
+        let pattern: Vec<u8> = (0..len).map(|i| (i * 7 + i / 4099) as u8).collect();
+        src.write_at(0, &pattern).unwrap();
+        let t = target(&a, &b, &dst);
+        let case = format!("reorder {reorder}, {nics} NICs");
+
+        // A single write (sharded over the NICs when there are several).
+        let wlen = len as u64 - 5;
+        let req = WriteRequest {
+            src: &src,
+            src_offset: 5,
+            dst: &t,
+            dst_offset: 0,
+            len: wlen,
+            imm: Some(1),
+        };
+        a.write(req).unwrap().wait_timeout(GUARD).expect(&case);
+        let per = b
+            .expected_imms(a.address(), 0, 0, WriteShape::Single { len: wlen })
+            .unwrap();
+        let sent = a
+            .imms_delivered(&t, 0, WriteShape::Single { len: wlen })
+            .unwrap();
+        assert_eq!(per, sent, "{case}");
+        b.wait_imm(1, per, GUARD).expect(&case);
+        assert_eq!(
+            dst.to_vec().unwrap()[..wlen as usize],
+            pattern[5..],
+            "{case}"
+        );
+
+        // Pages longer than the limit.
+        let page_len = 3 * MAX - 100;
+        let pages = 5usize;
+        let req = transfer_core::PagedWriteRequest {
+            src: &src,
+            src_pages: transfer_core::Pages {
+                indices: (0..pages as u32).rev().collect(),
+                stride: page_len,
+                offset: 0,
+            },
+            dst: &t,
+            dst_pages: transfer_core::Pages {
+                indices: (0..pages as u32).collect(),
+                stride: page_len,
+                offset: 0,
+            },
+            page_len,
+            imm: Some(2),
+        };
+        a.paged_write(req)
+            .unwrap()
+            .wait_timeout(GUARD)
+            .expect(&case);
+        let shape = WriteShape::PagedSized { pages, page_len };
+        let per = b.expected_imms(a.address(), 0, 0, shape).unwrap();
+        assert_eq!(per, a.imms_delivered(&t, 0, shape).unwrap(), "{case}");
+        b.wait_imm(2, per, GUARD).expect(&case);
+        let got = dst.to_vec().unwrap();
+        let pl = page_len as usize;
+        for p in 0..pages {
+            let s = (pages - 1 - p) * pl;
+            assert_eq!(
+                got[p * pl..(p + 1) * pl],
+                pattern[s..s + pl],
+                "{case}: page {p}"
+            );
+        }
+
+        // Scatter items, one above the limit and one below.
+        let items = vec![
+            transfer_core::ScatterItem {
+                dst: t.clone(),
+                src_offset: 0,
+                dst_offset: 0,
+                len: 300_000,
+            },
+            transfer_core::ScatterItem {
+                dst: t.clone(),
+                src_offset: 0,
+                dst_offset: 400_000,
+                len: 100,
+            },
+        ];
+        a.scatter(&src, items, Some(3))
+            .unwrap()
+            .wait_timeout(GUARD)
+            .expect(&case);
+        let per: u64 = [300_000u64, 100]
+            .iter()
+            .map(|&len| {
+                b.expected_imms(a.address(), 0, 0, WriteShape::Single { len })
+                    .unwrap()
+            })
+            .sum();
+        b.wait_imm(3, per, GUARD).expect(&case);
+        let got = dst.to_vec().unwrap();
+        assert_eq!(got[..300_000], pattern[..300_000], "{case}");
+        assert_eq!(got[400_000..400_100], pattern[..100], "{case}");
+
+        // Nothing beyond what the receiver was told to expect arrived.
+        std::thread::sleep(Duration::from_millis(50));
+        for imm in 1..=3 {
+            assert_eq!(b.imm_value(imm), 0, "{case}: surplus immediates {imm}");
+        }
+    }
 }

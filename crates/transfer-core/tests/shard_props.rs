@@ -5,6 +5,7 @@
 use proptest::prelude::*;
 use transfer_core::shard::{
     ShardPolicy, expected_imms, shard_single_write, single_write_shard_count, split_pages,
+    split_write, write_pieces,
 };
 use transfer_core::{GroupAddress, NicAddress, Ordering, WriteShape};
 
@@ -20,6 +21,7 @@ fn group(nics: usize, ordering: Ordering, shard_policy: ShardPolicy) -> GroupAdd
         nics: (0..nics).map(|i| NicAddress(vec![i as u8])).collect(),
         ordering,
         shard_policy,
+        max_write_size: 0,
     }
 }
 
@@ -82,6 +84,49 @@ proptest! {
         let u = group(sender, Ordering::Unordered, policy);
         prop_assert_eq!(expected_imms(&u, receiver, WriteShape::Paged { pages }), pages as u64);
         prop_assert_eq!(expected_imms(&u, receiver, WriteShape::Barrier), 1);
+    }
+}
+
+proptest! {
+    #[test]
+    fn split_write_covers_every_byte_once_within_the_limit(len in 0u64..(1 << 40), max in 0u64..(1 << 24)) {
+        let mut next = 0u64;
+        let mut count = 0u64;
+        for (off, plen) in split_write(len, max) {
+            prop_assert_eq!(off, next);
+            prop_assert!(max == 0 || plen <= max);
+            prop_assert!(plen > 0 || len == 0);
+            next += plen;
+            count += 1;
+            if count > 1 << 20 { break; }
+        }
+        if count <= 1 << 20 {
+            prop_assert_eq!(next, len);
+            prop_assert_eq!(count, write_pieces(len, max));
+        }
+    }
+
+    /// The receiver's count equals the immediates the sender posts once
+    /// shards and pages are split by the sender's max_write_size: the last
+    /// piece of each shard / page block in order, every piece unordered.
+    #[test]
+    fn receiver_count_matches_split_by_max_write(len in 0u64..(1 << 24), sender in 1usize..5, receiver in 1usize..5, pages in 1usize..64, page_len in 0u64..(1 << 16), max in 1u64..(1 << 16), policy in policy()) {
+        let n = sender.min(receiver);
+        let mut g = group(sender, Ordering::Unordered, policy);
+        g.max_write_size = max;
+        let shards = shard_single_write(len, n, 1, policy);
+        let pieces: u64 = shards.iter().map(|s| split_write(s.len, max).count() as u64).sum();
+        prop_assert_eq!(expected_imms(&g, receiver, WriteShape::Single { len }), pieces);
+        prop_assert_eq!(
+            expected_imms(&g, receiver, WriteShape::PagedSized { pages, page_len }),
+            pages as u64 * split_write(page_len, max).count() as u64
+        );
+        g.ordering = Ordering::InOrder;
+        prop_assert_eq!(expected_imms(&g, receiver, WriteShape::Single { len }), shards.len() as u64);
+        prop_assert_eq!(
+            expected_imms(&g, receiver, WriteShape::PagedSized { pages, page_len }),
+            split_pages(pages, n, 2).len() as u64
+        );
     }
 }
 

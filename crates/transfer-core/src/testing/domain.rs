@@ -101,6 +101,18 @@ impl TestDomain {
                 message: "injected failure".into(),
             });
         }
+        if w.len as u64 > s.config.max_write_size {
+            // As libfabric refuses a write above the endpoint's max_msg_size.
+            return Err(TransferError::Backend {
+                call: CALL,
+                backend: BackendKind::Test,
+                code: libc::EMSGSIZE,
+                message: format!(
+                    "write of {} bytes exceeds max_write_size {}",
+                    w.len, s.config.max_write_size
+                ),
+            });
+        }
         let nic = self
             .peer_nic(w.peer)
             .ok_or_else(|| TransferError::invalid(CALL, "unknown peer id"))?;
@@ -192,7 +204,7 @@ impl Domain for TestDomain {
             link_speed_bps: 0,
             numa_node: None,
             ordering: self.ordering,
-            max_write_size: u64::MAX,
+            max_write_size: self.fabric.lock().config.max_write_size,
         }
     }
 

@@ -29,6 +29,9 @@ pub struct TestFabricConfig {
     /// NICs offer a wait descriptor (exercises the workers' blocking idle
     /// path); without, workers park on timers.
     pub wait_fd: bool,
+    /// Largest write a NIC accepts ([`crate::DomainInfo::max_write_size`]);
+    /// longer ones fail as libfabric fails them, so the engine must split.
+    pub max_write_size: u64,
 }
 
 impl Default for TestFabricConfig {
@@ -39,6 +42,7 @@ impl Default for TestFabricConfig {
             ops_per_poll: 8,
             virt_addr: true,
             wait_fd: true,
+            max_write_size: u64::MAX,
         }
     }
 }

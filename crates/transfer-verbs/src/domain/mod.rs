@@ -335,8 +335,10 @@ impl Domain for VerbsDomain {
             link_speed_bps: self.port.speed_bps,
             numa_node: self.numa_node(),
             ordering: Ordering::InOrder,
-            // Longer writes are split into port-sized messages here.
-            max_write_size: u64::MAX,
+            // The port's limit: the engine splits longer writes (the
+            // immediate on the last piece, RC places them in order);
+            // `expand_writes` still splits as a safety net.
+            max_write_size: u64::from(self.port.max_msg_sz),
         }
     }
 
