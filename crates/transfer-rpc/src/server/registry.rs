@@ -408,7 +408,10 @@ mod tests {
             let key = x ^ counter;
             for next in counter + 1..=counter + 64 {
                 let guess = splitmix64(next ^ key);
-                assert!(!theirs.contains(&guess), "handle {guess:#x} was predictable");
+                assert!(
+                    !theirs.contains(&guess),
+                    "handle {guess:#x} was predictable"
+                );
             }
         }
         // No two handles share their high or low halves either (a counter
