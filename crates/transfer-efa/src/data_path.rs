@@ -198,10 +198,23 @@ impl LibfabricDomain {
         }
     }
 
+    /// A key for a registration where the application chooses keys (no
+    /// FI_MR_PROV_KEY: tcp, udp, sockets here). Random, not a counter: the
+    /// key is all that stands between a peer and our registered memory on
+    /// these providers, so a peer that learned one key must not be able to
+    /// name the others. (Falls back to the counter only if the OS cannot
+    /// give randomness.) Keys below `next_key` stay for local slabs.
     fn take_key(&mut self) -> u64 {
-        let k = self.next_key;
-        self.next_key += 1;
-        k
+        let mut b = [0u8; 8];
+        let random = getrandom::getrandom(&mut b)
+            .ok()
+            .map(|()| u64::from_le_bytes(b) & self.key_mask)
+            .filter(|&k| k >= self.next_key);
+        random.unwrap_or_else(|| {
+            let k = self.next_key;
+            self.next_key += 1;
+            k
+        })
     }
 
     fn finish(&mut self, op: u64, result: Result<()>, was_posted: bool) {

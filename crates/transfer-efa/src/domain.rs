@@ -99,6 +99,8 @@ pub struct LibfabricDomain {
     pub(crate) write_flags: u64,
     pub(crate) next_mr: u64,
     pub(crate) next_key: u64,
+    /// Bits an application-chosen key may use (`mr_key_size`).
+    pub(crate) key_mask: u64,
     pub(crate) peers: Peers,
     pub(crate) ops: Ops,
     pub(crate) queue: VecDeque<Pending>,
@@ -240,6 +242,10 @@ impl LibfabricDomain {
         };
         let address = address::encode(&format, &raw);
         let mut next_key = 1;
+        let key_mask = match info.mr_key_size() {
+            n if n >= 8 => u64::MAX,
+            n => (1u64 << (8 * n)) - 1,
+        };
         let bounce = if mr_mode & sys::FI_MR_LOCAL != 0 {
             let ep_bind = (mr_mode & sys::FI_MR_ENDPOINT != 0).then_some(&ep);
             let slab = BounceSlab::new(
@@ -278,6 +284,7 @@ impl LibfabricDomain {
             address,
             next_mr: 0,
             next_key,
+            key_mask,
             peers: Peers::default(),
             ops: Ops::default(),
             queue: VecDeque::new(),

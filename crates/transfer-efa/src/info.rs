@@ -100,6 +100,14 @@ impl OwnedInfo {
         self.domain_attr().map(|a| a.mr_mode).unwrap_or(0)
     }
 
+    /// Bytes of an application-chosen memory key (8 when unknown).
+    pub(crate) fn mr_key_size(&self) -> usize {
+        self.domain_attr()
+            .map(|a| a.mr_key_size)
+            .filter(|&n| n > 0)
+            .unwrap_or(8)
+    }
+
     pub(crate) fn av_type(&self) -> i32 {
         self.domain_attr().map(|a| a.av_type).unwrap_or(0)
     }
