@@ -44,6 +44,10 @@ pub struct EngineLink {
     lanes: LaneTable,
     /// Live registrations by buffer handle.
     regions: Mutex<HashMap<u64, Registered>>,
+    /// Write targets of inbound lanes, by lane: each registers exactly the
+    /// lane's range, so a sender holding the descriptor (or forging one
+    /// from it) reaches those bytes and nothing else of the buffer.
+    targets: Mutex<HashMap<LaneId, Registered>>,
     /// Registrations whose buffer is gone but whose unregister was refused
     /// (a write still posted): kept, memory included, and retried.
     retired: Mutex<Vec<Registered>>,
@@ -139,6 +143,7 @@ impl EngineLink {
             config,
             lanes: LaneTable::new(),
             regions: Mutex::new(HashMap::new()),
+            targets: Mutex::new(HashMap::new()),
             retired: Mutex::new(Vec::new()),
         }))
     }
@@ -173,9 +178,67 @@ impl EngineLink {
         &self.lanes
     }
 
-    /// Buffers currently registered.
+    /// Buffers currently registered as write sources.
     pub fn registrations(&self) -> usize {
         lock(&self.regions).len()
+    }
+
+    /// Inbound lanes currently registered as write targets.
+    pub fn targets(&self) -> usize {
+        lock(&self.targets).len()
+    }
+
+    /// Registers exactly `[offset, offset + size)` of `buffer` as the write
+    /// target of `lane` and returns its descriptor. The range must be
+    /// inside the buffer (checked by the caller and again here).
+    pub fn register_target(
+        &self,
+        call: &'static str,
+        lane: LaneId,
+        buffer: &Arc<Buffer>,
+        offset: u64,
+        size: u64,
+    ) -> Result<transfer_core::RemoteRegion> {
+        let (ptr, len) = buffer.host_memory();
+        let end = offset
+            .checked_add(size)
+            .filter(|&e| size > 0 && e <= len as u64)
+            .ok_or_else(|| RpcError::refused(call, "range is not inside the buffer"))?;
+        let start = usize::try_from(offset).map_err(|_| RpcError::refused(call, "offset"))?;
+        let span = MemorySpan {
+            // SAFETY: `start < end <= len`, so the pointer stays inside the
+            // buffer's memory.
+            ptr: unsafe { ptr.add(start) },
+            len: usize::try_from(end - offset).map_err(|_| RpcError::refused(call, "size"))?,
+            location: MemoryLocation::Host,
+            dmabuf_fd: None,
+        };
+        // SAFETY: the span lies inside `buffer`'s memory, which never moves
+        // and stays allocated while the `Arc` kept next to the registration
+        // lives: until `unregister` succeeded (`close_target`, `release`,
+        // `sweep`, `retry_retired`) or the engine is gone.
+        let region =
+            unsafe { self.engine.register_raw(span, 0) }.map_err(|e| engine_error(call, e))?;
+        let remote = region.remote().clone();
+        let old = lock(&self.targets).insert(
+            lane,
+            Registered {
+                region,
+                buffer: Arc::clone(buffer),
+            },
+        );
+        if let Some(old) = old {
+            self.retire(old);
+        }
+        Ok(remote)
+    }
+
+    /// Unregisters the target of `lane` (closed by its session).
+    pub fn close_target(&self, lane: LaneId) {
+        let old = lock(&self.targets).remove(&lane);
+        if let Some(old) = old {
+            self.retire(old);
+        }
     }
 
     /// Registrations kept after their buffer was freed, because a write
@@ -237,6 +300,20 @@ impl EngineLink {
         if let Some(old) = old {
             self.retire(old);
         }
+        // Lanes into the freed buffer stay open, but nothing can land in
+        // it any more: their writes fail and their waits time out.
+        let targets: Vec<Registered> = {
+            let mut t = lock(&self.targets);
+            let lanes: Vec<LaneId> = t
+                .iter()
+                .filter(|(_, r)| r.buffer.handle == handle)
+                .map(|(l, _)| *l)
+                .collect();
+            lanes.into_iter().filter_map(|l| t.remove(&l)).collect()
+        };
+        for r in targets {
+            self.retire(r);
+        }
         self.retry_retired();
     }
 
@@ -258,7 +335,20 @@ impl EngineLink {
                 .filter_map(|h| regions.remove(&h))
                 .collect()
         };
-        for r in dead {
+        let dead_targets: Vec<Registered> = {
+            let mut t = lock(&self.targets);
+            let lanes: Vec<LaneId> = t
+                .iter()
+                .filter(|(_, r)| {
+                    !registry
+                        .get(r.buffer.handle)
+                        .is_some_and(|live| Arc::ptr_eq(&live, &r.buffer))
+                })
+                .map(|(l, _)| *l)
+                .collect();
+            lanes.into_iter().filter_map(|l| t.remove(&l)).collect()
+        };
+        for r in dead.into_iter().chain(dead_targets) {
             self.retire(r);
         }
         self.retry_retired();

@@ -73,17 +73,6 @@ fn outbound_refused() -> Response {
     }
 }
 
-/// The descriptor of `[offset, offset + size)` of a registered region: the
-/// engine adds write offsets to each NIC's base, so moving the base narrows
-/// what a sender's engine accepts to that range.
-fn narrowed(mut desc: RemoteRegion, offset: u64, size: u64) -> Option<RemoteRegion> {
-    for nic in &mut desc.nics {
-        nic.base = nic.base.checked_add(offset)?;
-    }
-    desc.len = size;
-    Some(desc)
-}
-
 impl EngineSession {
     /// Engine state for session `session`.
     pub fn new(link: Arc<EngineLink>, session: u64) -> Self {
@@ -168,8 +157,11 @@ impl EngineSession {
             Request::EngineClose { kind, id } => {
                 let closed = match kind {
                     CloseKind::Inbound => {
-                        self.inbound.remove(&LaneId(id)).is_some()
-                            && self.link.lanes().free(LaneId(id), self.session)
+                        let open = self.inbound.remove(&LaneId(id)).is_some();
+                        if open {
+                            self.link.close_target(LaneId(id));
+                        }
+                        open && self.link.lanes().free(LaneId(id), self.session)
                     }
                     CloseKind::Outbound => self.outbound.remove(&OutboundId(id)).is_some(),
                 };
@@ -223,28 +215,38 @@ impl EngineSession {
                 buffer.size
             ));
         }
-        let region = self
-            .link
-            .region_for(CALL, &buffer)
-            .map_err(|e| e.to_string())?;
-        if !registry
-            .get(handle)
-            .is_some_and(|live| Arc::ptr_eq(&live, &buffer))
-        {
-            // Freed by its owner while we registered it.
-            self.link.release(handle);
-            return Err("the buffer was freed".into());
-        }
-        let desc =
-            narrowed(region.remote().clone(), offset, size).ok_or("descriptor base overflows")?;
-        let descriptor = desc.to_bytes().map_err(|e| e.to_string())?;
-        if descriptor.len() > MAX_ENGINE_BYTES {
-            return Err(format!("descriptor of {} bytes", descriptor.len()));
-        }
         let lane = self
             .link
             .alloc_lane(self.session)
             .ok_or("every lane of this server is in use")?;
+        // Only the lane's range is registered: the descriptor is the whole
+        // of what a sender can reach, however it is rewritten.
+        let described = self
+            .link
+            .register_target(CALL, lane, &buffer, offset, size)
+            .map_err(|e| e.to_string())
+            .and_then(|desc| desc.to_bytes().map_err(|e| e.to_string()))
+            .and_then(|d| {
+                if d.len() > MAX_ENGINE_BYTES {
+                    Err(format!("descriptor of {} bytes", d.len()))
+                } else if !registry
+                    .get(handle)
+                    .is_some_and(|live| Arc::ptr_eq(&live, &buffer))
+                {
+                    // Freed by its owner while we registered it.
+                    Err("the buffer was freed".into())
+                } else {
+                    Ok(d)
+                }
+            });
+        let descriptor = match described {
+            Ok(d) => d,
+            Err(e) => {
+                self.link.close_target(lane);
+                self.link.lanes().free(lane, self.session);
+                return Err(e);
+            }
+        };
         self.inbound.insert(lane, Inbound { sender, size });
         Ok(Response::EngineInbound {
             ok: 1,
@@ -449,6 +451,9 @@ impl EngineSession {
     /// outbound targets.
     pub fn close(&mut self, shared: &Shared) {
         self.settle(shared);
+        for lane in self.inbound.keys() {
+            self.link.close_target(*lane);
+        }
         self.link.lanes().free_all(self.session);
         self.inbound.clear();
         self.outbound.clear();
