@@ -11,6 +11,16 @@ const WORKSPACE_FEATURES: &str =
 /// upstream, the pipeline coordinator and its engine arm.
 const RPC_FEATURES: &str = "upstream-rpc,engine";
 
+/// Providers that must open on the CI host (`transfer_core::testing::REQUIRE_ENV`):
+/// a test that cannot open one fails instead of printing "skipped" and passing.
+const REQUIRE_HOST: &str = "tcp,shm";
+
+/// The same inside the soft-RoCE VM: the native verbs backend on rxe.
+const REQUIRE_VM: &str = "verbs";
+
+/// `transfer_core::testing::REQUIRE_ENV` (xtask does not depend on transfer-core).
+const REQUIRE_ENV: &str = "TRANSFER_REQUIRE";
+
 pub fn run(args: &[String]) -> Result<(), String> {
     let (mut ggml, mut vm) = (true, true);
     for a in args {
@@ -35,15 +45,18 @@ pub fn run(args: &[String]) -> Result<(), String> {
             "warnings",
         ],
     )?;
-    step::cargo(
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    step::run(
         "tests",
-        &[
-            "test",
-            "--workspace",
-            "--features",
-            WORKSPACE_FEATURES,
-            "--no-fail-fast",
-        ],
+        std::process::Command::new(&cargo)
+            .args([
+                "test",
+                "--workspace",
+                "--features",
+                WORKSPACE_FEATURES,
+                "--no-fail-fast",
+            ])
+            .env(REQUIRE_ENV, REQUIRE_HOST),
     )?;
     if ggml {
         rpc_against_llama_cpp()?;
@@ -74,7 +87,8 @@ fn rpc_against_llama_cpp() -> Result<(), String> {
             .env("GGML_RPC", "ON")
             .env("GGML_RPC_RDMA", "OFF")
             .env("GGML_NO_BACKTRACE", "1")
-            .env("CARGO_TARGET_DIR", &dir);
+            .env("CARGO_TARGET_DIR", &dir)
+            .env(REQUIRE_ENV, REQUIRE_HOST);
         cmd
     };
     // The ggml-only code (compute backend, pipeline coordinator) is linted
@@ -110,6 +124,13 @@ pub fn verbs_vm() -> Result<(), String> {
     if std::env::var_os("TIMEOUT").is_none() {
         cmd.env("TIMEOUT", "900");
     }
+    // run.sh exports VM_ENV inside the VM: there a verbs test that cannot
+    // open rxe fails instead of skipping.
+    let vm_env = match std::env::var("VM_ENV") {
+        Ok(extra) if !extra.trim().is_empty() => format!("{extra} {REQUIRE_ENV}={REQUIRE_VM}"),
+        _ => format!("{REQUIRE_ENV}={REQUIRE_VM}"),
+    };
+    cmd.env("VM_ENV", vm_env);
     // The transfer-rpc engine link runs there too, over the native verbs
     // backend: the pipeline's engine arm on RC QPs, not only on libfabric.
     // Only the cases that need no libfabric and no host binaries.

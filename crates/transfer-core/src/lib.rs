@@ -31,7 +31,6 @@ pub mod topology;
 mod wakeup;
 mod worker;
 
-#[cfg(feature = "test-domain")]
 pub mod testing;
 
 #[cfg(feature = "conformance")]

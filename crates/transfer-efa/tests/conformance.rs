@@ -1,6 +1,7 @@
 //! The transfer-core conformance suite, unchanged, over libfabric providers
 //! on loopback: `tcp;ofi_rxm` and `shm`. Skips, saying why, where
-//! libfabric or the provider is missing.
+//! libfabric or the provider is missing (fails instead for a provider
+//! `TRANSFER_REQUIRE` names).
 
 use transfer_core::conformance::Harness;
 use transfer_core::{Result, TransferEngine};
@@ -22,14 +23,17 @@ impl Harness for LibfabricHarness {
     }
 }
 
+/// The harness, or `None` (skipped, or failed when `TRANSFER_REQUIRE`
+/// names the provider).
 fn harness(provider: Provider) -> Option<LibfabricHarness> {
+    let name = provider.to_string();
     if let Err(e) = Library::load() {
-        eprintln!("skipped: {e}");
+        transfer_core::testing::skip_or_fail(&name, e);
         return None;
     }
     let config = Config::loopback(provider);
     if let Err(e) = open_loopback_domains(&config, 1) {
-        eprintln!("skipped: cannot open a {:?} domain: {e}", config.provider);
+        transfer_core::testing::skip_or_fail(&name, format!("cannot open a domain: {e}"));
         return None;
     }
     Some(LibfabricHarness { config })

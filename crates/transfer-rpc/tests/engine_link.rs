@@ -44,8 +44,9 @@ fn link_with(peer_timeout: Duration) -> Option<Arc<EngineLink>> {
         Err(e) if std::env::var_os("TRANSFER_RPC_TEST_ENGINE").is_some() => {
             panic!("TRANSFER_RPC_TEST_ENGINE={provider}: cannot open the engine: {e}")
         }
+        // A failure instead where TRANSFER_REQUIRE names the provider.
         Err(e) => {
-            eprintln!("skipped: cannot open a {provider} engine: {e}");
+            transfer_core::testing::skip_or_fail(&provider, format!("cannot open the engine: {e}"));
             None
         }
     }
@@ -545,7 +546,7 @@ fn two_nic_link() -> Option<Arc<EngineLink>> {
     let domains = match open_loopback_domains(&Config::loopback(Provider::Tcp), 2) {
         Ok(d) => d,
         Err(e) => {
-            eprintln!("skipped: cannot open two libfabric tcp domains: {e}");
+            transfer_core::testing::skip_or_fail("tcp", format!("cannot open two domains: {e}"));
             return None;
         }
     };
@@ -607,7 +608,7 @@ fn unlike_providers_fall_back_and_close_the_lane() {
     let la = match EngineLink::open(EngineLinkConfig::new("shm")) {
         Ok(l) => l,
         Err(e) => {
-            eprintln!("skipped: cannot open a libfabric shm engine: {e}");
+            transfer_core::testing::skip_or_fail("shm", format!("cannot open the engine: {e}"));
             return;
         }
     };

@@ -1,6 +1,7 @@
 //! The transfer-core conformance suite, unchanged, over real verbs devices
 //! (soft-RoCE in the VM harness, ConnectX on hardware). Skips, saying why,
-//! where libibverbs or a device is missing.
+//! where libibverbs or a device is missing, unless `TRANSFER_REQUIRE`
+//! names `verbs` (the VM run sets it): then that is a failure.
 
 use transfer_core::conformance::Harness;
 use transfer_core::{Result, TransferEngine};
@@ -22,27 +23,31 @@ impl Harness for VerbsHarness {
     }
 }
 
+/// The harness, or `None`: skipped, saying why, or a failure when
+/// `TRANSFER_REQUIRE` names `verbs` (or `rxe`), as in the soft-RoCE VM.
 fn harness() -> Option<VerbsHarness> {
+    use transfer_core::testing::skip_or_fail;
     if !transfer_verbs::library_available() {
-        eprintln!(
-            "skipped: libibverbs.so.1 cannot be loaded (apt-get install libibverbs1 ibverbs-providers)"
+        skip_or_fail(
+            "verbs",
+            "libibverbs.so.1 cannot be loaded (apt-get install libibverbs1 ibverbs-providers)",
         );
         return None;
     }
     match transfer_verbs::devices() {
         Ok(d) if d.is_empty() => {
-            eprintln!("skipped: no RDMA device (load a NIC driver or rdma_rxe)");
+            skip_or_fail("verbs", "no RDMA device (load a NIC driver or rdma_rxe)");
             return None;
         }
         Err(e) => {
-            eprintln!("skipped: listing devices failed: {e}");
+            skip_or_fail("verbs", format!("listing devices failed: {e}"));
             return None;
         }
         Ok(_) => {}
     }
     let cfg = VerbsConfig::from_env();
     if let Err(e) = VerbsDomain::open(cfg.clone()) {
-        eprintln!("skipped: cannot open a verbs domain: {e}");
+        skip_or_fail("verbs", format!("cannot open a verbs domain: {e}"));
         return None;
     }
     Some(VerbsHarness { cfg })

@@ -20,15 +20,16 @@ const GUARD: Duration = Duration::from_secs(30);
 const CHILD_ENV: &str = "TRANSFER_VERBS_CHILD_ROLE";
 
 fn device() -> Option<VerbsConfig> {
+    // A skip is a failure where TRANSFER_REQUIRE names verbs (the VM run).
     if !transfer_verbs::library_available() {
-        eprintln!("skipped: libibverbs.so.1 cannot be loaded");
+        transfer_core::testing::skip_or_fail("verbs", "libibverbs.so.1 cannot be loaded");
         return None;
     }
     let cfg = VerbsConfig::from_env();
     match VerbsDomain::open(cfg.clone()) {
         Ok(_) => Some(cfg),
         Err(e) => {
-            eprintln!("skipped: {e}");
+            transfer_core::testing::skip_or_fail("verbs", e);
             None
         }
     }

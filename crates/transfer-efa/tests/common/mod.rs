@@ -12,24 +12,43 @@ use transfer_efa::{Config, LibfabricDomain, Library, Provider, open_loopback_dom
 /// Failure guard only (never a timed assertion).
 pub const GUARD: Duration = Duration::from_secs(60);
 
-/// Opens `n` loopback domains, or explains why the test is skipped.
+/// Opens `n` loopback domains, or explains why the test is skipped (a
+/// failure instead when `TRANSFER_REQUIRE` names the provider).
 pub fn open(provider: Provider, n: usize) -> Option<Vec<LibfabricDomain>> {
     open_with(Config::loopback(provider), n)
 }
 
 /// As [`open`] with a config.
 pub fn open_with(config: Config, n: usize) -> Option<Vec<LibfabricDomain>> {
-    if let Err(e) = Library::load() {
-        eprintln!("SKIP: libfabric cannot be loaded: {e}");
-        return None;
-    }
-    match open_loopback_domains(&config, n) {
+    let provider = provider_name(&config);
+    match try_open_with(config, n) {
         Ok(d) => Some(d),
-        Err(e) => {
-            eprintln!("SKIP: provider {:?} unavailable: {e}", config.provider);
+        Err(reason) => {
+            transfer_core::testing::skip_or_fail(&provider, reason);
             None
         }
     }
+}
+
+/// As [`open_with`], for configurations that may legitimately not open
+/// (e.g. FI_HMEM asked of a provider without it): the reason, never a failure.
+pub fn try_open_with(
+    config: Config,
+    n: usize,
+) -> std::result::Result<Vec<LibfabricDomain>, String> {
+    if let Err(e) = Library::load() {
+        return Err(format!("libfabric cannot be loaded: {e}"));
+    }
+    open_loopback_domains(&config, n)
+        .map_err(|e| format!("provider {} unavailable: {e}", provider_name(&config)))
+}
+
+/// The provider a config asks for, as `TRANSFER_REQUIRE` names it.
+fn provider_name(config: &Config) -> String {
+    config
+        .provider
+        .as_ref()
+        .map_or_else(|| "any".into(), ToString::to_string)
 }
 
 /// A registered host buffer.
