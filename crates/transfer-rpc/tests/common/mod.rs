@@ -114,3 +114,54 @@ pub fn floats(bytes: &[u8]) -> Vec<f32> {
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect()
 }
+
+/// A `transfer-rpc-server` process (this package's binary), killed on drop.
+pub struct ServerProcess {
+    pub child: std::process::Child,
+    pub endpoint: String,
+}
+
+impl ServerProcess {
+    /// Starts it on an ephemeral loopback port with `args` and waits for
+    /// the address it prints.
+    pub fn start(args: &[&str]) -> ServerProcess {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_transfer-rpc-server"))
+            .args(["--port", "0", "--peer-allow", "loopback"])
+            .args(args)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let mut lines = std::io::BufReader::new(stderr).lines();
+        let mut endpoint = None;
+        for line in lines.by_ref() {
+            let line = line.unwrap();
+            eprintln!("{line}");
+            if let Some(rest) = line.split("listening on ").nth(1) {
+                endpoint = rest.split(',').next().map(str::to_owned);
+                break;
+            }
+        }
+        // Keep draining its log so that it never blocks on a full pipe.
+        std::thread::spawn(move || lines.for_each(drop));
+        ServerProcess {
+            child,
+            endpoint: endpoint.expect("the server did not start"),
+        }
+    }
+
+    /// Resident bytes of the process (Linux `/proc/PID/statm`).
+    pub fn rss(&self) -> Option<u64> {
+        let statm = std::fs::read_to_string(format!("/proc/{}/statm", self.child.id())).ok()?;
+        let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+        Some(pages * 4096)
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
