@@ -1,9 +1,26 @@
-//! Per-op shape and type rules for graphs that a real compute backend will
-//! run. ggml's kernels `GGML_ASSERT` (abort the process) or index out of
-//! bounds when a node's shape does not match what ggml's own op builders
-//! would have produced; the wire carries shapes the client chose. So a
-//! backend accepts an allowlist of ops (those a dense llama graph uses),
-//! each checked here against the builder's rules; every other op is refused.
+//! Per-op shape, type, stride and parameter rules for graphs that ggml's
+//! CPU backend will run. ggml's kernels `GGML_ASSERT` / `GGML_ABORT` (abort
+//! the whole process) or index outside a tensor's extent when a node does
+//! not meet their preconditions; the wire carries shapes, strides and
+//! op_params the client chose. So a backend accepts an allowlist of ops
+//! (those a dense llama graph uses), each checked here against what its
+//! ggml-cpu forward kernel requires; every other op is refused.
+//!
+//! The rules cite the kernels of the llama.cpp that llama-cpp-sys-2
+//! 0.1.161 vendors: `ggml/src/ggml-cpu/ops.cpp` (most ops),
+//! `binary-ops.cpp`, `unary-ops.cpp`, `ggml-cpu.c` (MUL_MAT, the graph
+//! plan) and `tiled/tiled.cpp` (K-quant MUL_MAT). Plain `assert()`s there
+//! are compiled out (llama-cpp-sys builds Release / RelWithDebInfo, both
+//! NDEBUG), but where a kernel indexes memory by the layout such an assert
+//! describes, the layout is required here too. Besides the asserts, each
+//! op's rule covers the layouts a kernel addresses differently from its
+//! tensor's strides (rows walked as one flat run of `nb[1]` steps, rows
+//! copied with `nb[1]` bytes): with those, strides of size-1 dimensions,
+//! which `ggml_is_contiguous` ignores, decide where it writes.
+//!
+//! Fused kernels never run: the backend adds nodes with
+//! `ggml_graph_add_node`, which records no use counts, so
+//! `ggml_cpu_try_fuse_ops` (RMS_NORM + MUL) never matches.
 
 use super::graph::ValidatedGraph;
 use super::ops::{
@@ -32,6 +49,26 @@ const OP_SOFT_MAX: u32 = 46;
 const OP_ROPE: u32 = 48;
 const OP_FLASH_ATTN_EXT: u32 = 74;
 
+/// `GGML_UNARY_OP_XIELU`.
+const UNARY_XIELU: i32 = 17;
+/// `GGML_GLU_OP_SWIGLU_OAI`.
+const GLU_SWIGLU_OAI: i32 = 3;
+/// `GGML_GLU_OP_SWIGLU_CLAMP`.
+const GLU_SWIGLU_CLAMP: i32 = 6;
+/// `GGML_HINT_SRC0_IS_HADAMARD` (MUL_MAT `op_params[1]`).
+const HINT_SRC0_IS_HADAMARD: i32 = 1;
+/// `GGML_PREC_DEFAULT` and `GGML_PREC_F32` (FLASH_ATTN_EXT `op_params[3]`).
+const PREC_DEFAULT: i32 = 0;
+const PREC_F32: i32 = 10;
+/// Largest FLASH_ATTN_EXT head size (K and V row length) accepted.
+/// `ggml_graph_plan` (ggml-cpu.c) sizes the work buffer at about
+/// `512 * (DK + DV)` bytes per thread (64-row Q and KV tiles), and the CPU
+/// backend allocates it with `new[]`, which aborts the process when it
+/// fails: a head size bounded only by the buffer quota would turn a 1 MiB
+/// K row into a 128 MiB-per-thread allocation. Real models use at most a
+/// few hundred.
+pub const MAX_FLASH_ATTN_HEAD: u32 = 4096;
+
 fn refuse<T>(op: u32, reason: impl Into<String>) -> Result<T> {
     Err(RpcError::refused(
         CALL,
@@ -45,6 +82,25 @@ fn info(t: &RpcTensor) -> Result<TypeInfo> {
 
 fn nelements(t: &RpcTensor) -> u64 {
     t.ne.iter().map(|&n| u64::from(n)).product()
+}
+
+/// `ggml_nrows`: rows of `ne[0]` elements.
+fn nrows(t: &RpcTensor) -> u64 {
+    t.ne[1..]
+        .iter()
+        .fold(1u64, |acc, &n| acc.saturating_mul(u64::from(n)))
+}
+
+/// Bytes of one row (`ggml_row_size(type, ne[0])`).
+fn row_bytes(t: &RpcTensor) -> u64 {
+    type_info(t.ty).map_or(u64::MAX, |i| {
+        (u64::from(t.ne[0]) / i.block_size).saturating_mul(i.type_size)
+    })
+}
+
+/// `op_params[i]` read as the f32 a kernel `memcpy`s out of it.
+fn f32_param(r: &RpcTensor, i: usize) -> f32 {
+    f32::from_bits(r.op_params[i] as u32)
 }
 
 /// Rows are contiguous: the first dimension is packed.
@@ -71,6 +127,40 @@ pub fn is_contiguous(t: &RpcTensor) -> bool {
         }
     }
     true
+}
+
+/// `ggml_is_contiguous_1`: rows packed, dimensions 2 and 3 packed after
+/// dimension 1 (whose stride is free); size-1 dims ignored. Then row
+/// `i` (counted over dims 1..3 as one run) lies at `i * nb[1]`.
+pub fn is_contiguous_1(t: &RpcTensor) -> bool {
+    let Some(i) = type_info(t.ty) else {
+        return false;
+    };
+    if u64::from(t.ne[0]) != i.block_size && u64::from(t.nb[0]) != i.type_size {
+        return false;
+    }
+    let mut next = u64::from(t.ne[1]).saturating_mul(u64::from(t.nb[1]));
+    for d in 2..4 {
+        if t.ne[d] != 1 && u64::from(t.nb[d]) != next {
+            return false;
+        }
+        next = next.saturating_mul(u64::from(t.ne[d]));
+    }
+    true
+}
+
+/// Strides never decrease (`!ggml_is_permuted`, size-1 dims included):
+/// what the "dst cannot be transposed or permuted" asserts check.
+fn strides_ordered(t: &RpcTensor) -> bool {
+    t.nb[0] <= t.nb[1] && t.nb[1] <= t.nb[2] && t.nb[2] <= t.nb[3]
+}
+
+/// Contiguous, and its rows counted over dims 1..3 as one run lie at
+/// `i * nb[1]`: for kernels that walk `ggml_nrows` rows by `nb[1]` alone.
+/// `ggml_is_contiguous` leaves `nb[1]` free when `ne[1] == 1`, so it must
+/// be the row size whenever there is more than one row.
+fn flat_rows(t: &RpcTensor) -> bool {
+    is_contiguous(t) && (nrows(t) <= 1 || u64::from(t.nb[1]) == row_bytes(t))
 }
 
 fn float(ty: u32) -> bool {
@@ -110,11 +200,44 @@ pub fn check_graph_ops(g: &ValidatedGraph) -> Result<()> {
             *slot = s.map(|i| &g.tensors[i]);
         }
         check_node(&g.tensors[n], &srcs, g.view_src[n].map(|i| &g.tensors[i]))?;
+        check_reads_past_extent(g, n)?;
     }
     Ok(())
 }
 
-/// Checks one node against the builder rules of its op.
+/// Reads a kernel makes past a source's own extent: they must at least
+/// stay inside the source's buffer (the bytes read there are discarded).
+fn check_reads_past_extent(g: &ValidatedGraph, n: usize) -> Result<()> {
+    let r = &g.tensors[n];
+    if r.op != OP_ROPE || nelements(r) == 0 {
+        return Ok(());
+    }
+    let Some(c) = g.srcs[n][2] else {
+        return Ok(());
+    };
+    // ggml_rope_cache_init (ops.cpp) reads freq_factors[i0 / 2] for every
+    // even i0 < ne0, not only the n_dims / 2 factors the kernel asserts
+    // (`src2->ne[0] >= n_dims / 2`): ne0 / 2 floats from the tensor's
+    // start (ne0 is even, see check_node). Partial-rotary models give
+    // n_dims / 2 factors, so the read may pass the tensor's end; refuse it
+    // only where it would pass the end of the buffer.
+    let need = 4 * (u64::from(r.ne[0]) / 2);
+    let room = g
+        .checked
+        .get(c)
+        .and_then(|t| t.placement)
+        .map_or(0, |(region, off)| region.size.saturating_sub(off));
+    if need > room {
+        return refuse(
+            r.op,
+            format!("rope reads {need} bytes of frequency factors, {room} left in their buffer"),
+        );
+    }
+    Ok(())
+}
+
+/// Checks one node against the builder rules of its op and the
+/// preconditions of its ggml-cpu kernel.
 pub fn check_node(
     r: &RpcTensor,
     s: &[Option<&RpcTensor>; MAX_SRC],
@@ -128,6 +251,9 @@ pub fn check_node(
         GGML_OP_NONE => Ok(()),
         OP_ADD | OP_SUB | OP_MUL | OP_DIV => {
             let (a, b) = (src(0)?, src(1)?);
+            // binary_op (binary-ops.cpp) has kernels for these (dst, src0,
+            // src1) types only and GGML_ABORTs on any other: all F32, all
+            // F16, all BF16, and F16 / BF16 with an F32 src1 (dst = src0).
             if r.ne != a.ne
                 || r.ty != a.ty
                 || !float(a.ty)
@@ -135,6 +261,10 @@ pub fn check_node(
             {
                 return refuse(op, "binary op shapes/types");
             }
+            // apply_binary_op: GGML_ASSERT(ggml_can_repeat(src1, src0) &&
+            // ggml_are_same_shape(src0, dst)), GGML_ASSERT(nb0 ==
+            // sizeof(dst_t)), GGML_ASSERT(nb00 == sizeof(src0_t)); the
+            // broadcast reads `i % ne1x`, so no src1 dim may be 0.
             if !can_repeat(b, a)
                 || !rows_contiguous(a)
                 || !rows_contiguous(b)
@@ -147,20 +277,60 @@ pub fn check_node(
             }
             Ok(())
         }
-        OP_SCALE | OP_NORM | OP_RMS_NORM => {
+        OP_NORM | OP_RMS_NORM => {
             let a = src(0)?;
+            // ggml_compute_forward_norm / rms_norm (ops.cpp): F32 source
+            // only (GGML_ABORT otherwise), the result is written as floats;
+            // rms_norm GGML_ASSERTs src0->nb[0] == sizeof(float) and
+            // memcpys ne00 floats into each dst row.
             if r.ne != a.ne
                 || r.ty != GGML_TYPE_F32
                 || a.ty != GGML_TYPE_F32
                 || !rows_contiguous(a)
                 || !rows_contiguous(r)
             {
-                return refuse(op, "norm/scale must be F32, same shape, packed rows");
+                return refuse(op, "norm must be F32, same shape, packed rows");
+            }
+            // Both: `memcpy(&eps, dst->op_params, 4); GGML_ASSERT(eps >=
+            // 0.0f)`, which NaN fails too.
+            let eps = f32_param(r, 0);
+            if eps.is_nan() || eps < 0.0 {
+                return refuse(op, format!("norm eps {eps} is negative or NaN"));
+            }
+            Ok(())
+        }
+        OP_SCALE => {
+            let a = src(0)?;
+            // ggml_compute_forward_scale_f32 (ops.cpp):
+            // GGML_ASSERT(ggml_is_contiguous(src0)),
+            // GGML_ASSERT(ggml_is_contiguous(dst)), same shape. It then
+            // walks ggml_nrows rows at `i1 * nb1` (dst) and `i1 * nb01`
+            // (src0; the bias branch reads src0 with dst's nb1), copying
+            // ne0 floats each: a size-1 dim 1 with a large nb[1] would
+            // write past the tensor (flat_rows).
+            if r.ne != a.ne
+                || r.ty != GGML_TYPE_F32
+                || a.ty != GGML_TYPE_F32
+                || !rows_contiguous(a)
+                || !rows_contiguous(r)
+            {
+                return refuse(op, "scale must be F32, same shape, packed rows");
+            }
+            if !flat_rows(a) || !flat_rows(r) {
+                return refuse(
+                    op,
+                    "scale source and result must be contiguous with rows nb[1] apart",
+                );
             }
             Ok(())
         }
         GGML_OP_UNARY => {
             let a = src(0)?;
+            // unary_op / unary_op_params (unary-ops.cpp) and the gelu,
+            // gelu_erf, gelu_quick, silu kernels (ops.cpp) take F32, F16
+            // and BF16 with dst of the source type; apply_unary_op
+            // GGML_ASSERTs ggml_is_contiguous_rows of both, nb0 ==
+            // sizeof(dst_t), nb00 == sizeof(src0_t), same shape.
             if r.ne != a.ne
                 || r.ty != a.ty
                 || !float(a.ty)
@@ -169,16 +339,43 @@ pub fn check_node(
             {
                 return refuse(op, "unary shapes/types");
             }
+            // XIELU goes through apply_unary_op_functor, which
+            // GGML_ASSERTs ggml_is_contiguous_1(src0) and (dst).
+            if r.op_params[0] == UNARY_XIELU && (!is_contiguous_1(a) || !is_contiguous_1(r)) {
+                return refuse(op, "xielu source and result must be contiguous past dim 1");
+            }
             Ok(())
         }
         GGML_OP_GLU => {
             let a = src(0)?;
-            if !float(a.ty) || r.ty != a.ty || !rows_contiguous(a) || !rows_contiguous(r) {
+            let glu = r.op_params[0];
+            // ggml_compute_forward_glu (ops.cpp): SWIGLU_OAI has an F32
+            // kernel only, SWIGLU_CLAMP F32 and F16, the others F32, F16
+            // and BF16; GGML_ABORT on any other type. dst is written as
+            // the source type.
+            let type_ok = match glu {
+                GLU_SWIGLU_OAI => a.ty == GGML_TYPE_F32,
+                GLU_SWIGLU_CLAMP => matches!(a.ty, GGML_TYPE_F32 | GGML_TYPE_F16),
+                _ => float(a.ty),
+            };
+            if !type_ok || r.ty != a.ty || !rows_contiguous(a) || !rows_contiguous(r) {
                 return refuse(op, "glu types");
+            }
+            // Every glu kernel GGML_ASSERTs ggml_is_contiguous_1(src0),
+            // (src1) and (dst) and walks ggml_nrows rows by nb[1] alone.
+            if !is_contiguous_1(a) || !is_contiguous_1(r) {
+                return refuse(op, "glu source and result must be contiguous past dim 1");
             }
             match s[1] {
                 Some(b) => {
-                    if b.ne != a.ne || b.ty != a.ty || r.ne != a.ne || !rows_contiguous(b) {
+                    // GGML_ASSERT(src0->type == src1->type); dst->ne[0] ==
+                    // nc and ggml_nrows(dst) == nr (same shape here).
+                    if b.ne != a.ne
+                        || b.ty != a.ty
+                        || r.ne != a.ne
+                        || !rows_contiguous(b)
+                        || !is_contiguous_1(b)
+                    {
                         return refuse(op, "glu with gate: shapes");
                     }
                 }
@@ -188,12 +385,27 @@ pub fn check_node(
                     }
                 }
             }
+            // swiglu_oai / swiglu_clamp: `std::clamp(x, -limit, limit)`
+            // with limit = op_params[3]; clamp's lo <= hi is a
+            // precondition (undefined behaviour otherwise).
+            if matches!(glu, GLU_SWIGLU_OAI | GLU_SWIGLU_CLAMP) {
+                let limit = f32_param(r, 3);
+                if limit.is_nan() || limit < 0.0 {
+                    return refuse(op, format!("glu limit {limit} is negative or NaN"));
+                }
+            }
             Ok(())
         }
         OP_MUL_MAT => {
             let (a, b) = (src(0)?, src(1)?);
             let ai = info(a)?;
             let transposed = a.nb[0] > a.nb[1];
+            // ggml_mul_mat's builder rules, and ggml_compute_forward_mul_mat
+            // (ggml-cpu.c): GGML_ASSERT(ne0 == ne01, ne1 == ne11, ne2 ==
+            // ne12, ne3 == ne13), GGML_ASSERT(nb00 == type size of src0),
+            // GGML_ASSERT(nb10 == type size of src1); r2 = ne12 / ne02,
+            // r3 = ne13 / ne03 divide; src0 needs a vec_dot; src1 is F32
+            // here (converted to the vec_dot type in the work buffer).
             if a.ne[0] != b.ne[0]
                 || !divides(a.ne[2], b.ne[2])
                 || !divides(a.ne[3], b.ne[3])
@@ -207,6 +419,35 @@ pub fn check_node(
                 || !is_contiguous(r)
             {
                 return refuse(op, "mul_mat shapes/types");
+            }
+            // "dst cannot be transposed or permuted": GGML_ASSERT(nb0 ==
+            // sizeof(float)), GGML_ASSERT(nb0 <= nb1), (nb1 <= nb2),
+            // (nb2 <= nb3), on size-1 dims too (there and in the tiled
+            // driver, tiled/tiled.cpp).
+            if r.nb[0] != 4 || !strides_ordered(r) {
+                return refuse(
+                    op,
+                    "mul_mat result strides must be nb0 = 4 <= nb1 <= nb2 <= nb3",
+                );
+            }
+            // op_params[1] == GGML_HINT_SRC0_IS_HADAMARD makes the kernel
+            // ignore src0 and run ggml_compute_forward_fwht (ops.cpp): it
+            // GGML_ASSERTs (n & (n - 1)) == 0 for n = ne10 and writes n
+            // floats into each dst row, whose length is ne0 = ne01. So K
+            // must be a power of two and src0 the square K x K Hadamard
+            // matrix (as llama_mul_mat_hadamard builds it).
+            if r.op_params[1] == HINT_SRC0_IS_HADAMARD {
+                let k = b.ne[0];
+                if !k.is_power_of_two() || a.ne[1] != k {
+                    return refuse(
+                        op,
+                        format!(
+                            "hadamard mul_mat needs a square src0 of a power-of-two size, \
+                             got K = {k}, {} rows",
+                            a.ne[1]
+                        ),
+                    );
+                }
             }
             Ok(())
         }
@@ -237,6 +478,9 @@ pub fn check_node(
         }
         OP_DUP | OP_CONT => {
             let a = src(0)?;
+            // ggml_compute_forward_dup (ops.cpp): same type goes to
+            // dup_bytes (GGML_ASSERT equal element counts and types), which
+            // walks both tensors by their own strides.
             if nelements(r) != nelements(a) || r.ty != a.ty || !float(a.ty) || !is_contiguous(r) {
                 return refuse(op, "dup/cont shapes/types");
             }
@@ -244,6 +488,9 @@ pub fn check_node(
         }
         OP_CPY => {
             let (a, b) = (src(0)?, src(1)?);
+            // ggml_compute_forward_cpy = dup: F32 / F16 / BF16 convert to
+            // each other through dup_flt (GGML_ASSERT equal element
+            // counts, not quantized), walking dst by its own strides.
             if nelements(a) != nelements(b)
                 || !float(a.ty)
                 || !float(b.ty)
@@ -256,14 +503,23 @@ pub fn check_node(
         }
         GGML_OP_GET_ROWS => {
             let a = src(0)?;
+            // ggml_compute_forward_get_rows (ops.cpp): quantized sources
+            // dequantize, F16 / BF16 convert, F32 / I32 copy ne00 elements
+            // of 4 bytes; every path writes floats (or the I32 bits) into
+            // a packed dst row and reads a packed source row (assert(nb00
+            // == type size)).
             let ok_type = (r.ty == GGML_TYPE_F32 && cpu_get_rows_src(a.ty))
                 || (a.ty == GGML_TYPE_I32 && r.ty == GGML_TYPE_I32);
-            if !ok_type || !rows_contiguous(r) {
+            if !ok_type || !rows_contiguous(r) || !rows_contiguous(a) {
                 return refuse(op, "get_rows types");
             }
             Ok(())
         }
         GGML_OP_SET_ROWS => {
+            // ggml_compute_forward_set_rows (ops.cpp): src0 F32 / F16
+            // (GGML_ABORT otherwise, checked with the indices in graph.rs),
+            // rows written with the dst type's from_float (F32, F16 here)
+            // into packed dst rows, read from packed src0 rows.
             if !matches!(r.ty, GGML_TYPE_F32 | GGML_TYPE_F16)
                 || !rows_contiguous(r)
                 || !rows_contiguous(src(0)?)
@@ -272,36 +528,14 @@ pub fn check_node(
             }
             Ok(())
         }
-        OP_ROPE => {
-            let (a, b) = (src(0)?, src(1)?);
-            let n_dims = r.op_params[1];
-            let mode = r.op_params[2];
-            let vector = b.ne[1] == 1 && b.ne[2] == 1 && b.ne[3] == 1;
-            // Plain and NeoX rope only (mode 0 or 2).
-            if !matches!(mode, 0 | 2)
-                || b.ty != GGML_TYPE_I32
-                || !vector
-                || b.ne[0] != a.ne[2]
-                || r.ne != a.ne
-                || r.ty != a.ty
-                || !float(a.ty)
-                || n_dims <= 0
-                || n_dims % 2 != 0
-                || i64::from(n_dims) > i64::from(a.ne[0])
-                || !rows_contiguous(a)
-                || !rows_contiguous(r)
-            {
-                return refuse(op, "rope shapes/params");
-            }
-            if let Some(c) = s[2] {
-                if c.ty != GGML_TYPE_F32 || i64::from(c.ne[0]) < i64::from(n_dims / 2) {
-                    return refuse(op, "rope frequency factors");
-                }
-            }
-            Ok(())
-        }
+        OP_ROPE => check_rope(r, s),
         OP_SOFT_MAX => {
             let a = src(0)?;
+            // ggml_compute_forward_soft_max (ops.cpp): F32 only
+            // (GGML_ABORT otherwise); reads and writes ne00 packed floats
+            // per row; the mask row i01 of ne00 F16/F32 values, broadcast
+            // over dims 2 and 3 by `%`. scale and max_bias (op_params 0,
+            // 1) are plain floats.
             if a.ty != GGML_TYPE_F32
                 || r.ty != GGML_TYPE_F32
                 || r.ne != a.ne
@@ -326,44 +560,159 @@ pub fn check_node(
             }
             Ok(())
         }
-        OP_FLASH_ATTN_EXT => {
-            let (q, k, v) = (src(0)?, src(1)?, src(2)?);
-            if k.ne[0] != q.ne[0]
-                || v.ne[1] != k.ne[1]
-                || !divides(k.ne[2], q.ne[2])
-                || !divides(v.ne[2], q.ne[2])
-                || q.ne[3] != k.ne[3]
-                || q.ne[3] != v.ne[3]
-                || q.ty != GGML_TYPE_F32
-                || !float(k.ty)
-                || !float(v.ty)
-                || r.ty != GGML_TYPE_F32
-                || r.ne != [v.ne[0], q.ne[2], q.ne[1], q.ne[3]]
-                || !is_contiguous(r)
-                || !rows_contiguous(q)
-                || !rows_contiguous(k)
-                || !rows_contiguous(v)
-            {
-                return refuse(op, "flash_attn_ext shapes/types");
-            }
-            if let Some(m) = s[3] {
-                if m.ty != GGML_TYPE_F16
-                    || !is_contiguous(m)
-                    || m.ne[0] != k.ne[1]
-                    || m.ne[1] < q.ne[1]
-                    || !divides(m.ne[2], q.ne[2])
-                    || !divides(m.ne[3], q.ne[3])
-                {
-                    return refuse(op, "flash_attn_ext mask");
-                }
-            }
-            if s[4].is_some() {
-                return refuse(op, "flash_attn_ext sinks are not supported");
-            }
-            Ok(())
-        }
+        OP_FLASH_ATTN_EXT => check_flash_attn_ext(r, s),
         _ => refuse(op, "not on the compute allowlist"),
     }
+}
+
+/// ROPE, plain and NeoX modes: `ggml_compute_forward_rope_flt` (ops.cpp).
+fn check_rope(r: &RpcTensor, s: &[Option<&RpcTensor>; MAX_SRC]) -> Result<()> {
+    let op = r.op;
+    let (Some(a), Some(b)) = (s[0], s[1]) else {
+        return refuse(op, "rope needs two sources");
+    };
+    // op_params the kernel reads: [1] n_dims, [2] mode, [4] n_ctx_orig,
+    // [5..=10] float yarn parameters (any value: float math only),
+    // [11..=14] sections (multi-rope only), [15] n_offs.
+    let n_dims = i64::from(r.op_params[1]);
+    let mode = r.op_params[2];
+    let n_offs = i64::from(r.op_params[15]);
+    let ne0 = i64::from(a.ne[0]);
+    let vector = b.ne[1] == 1 && b.ne[2] == 1 && b.ne[3] == 1;
+    // Plain and NeoX rope only (mode 0 or 2): multi-rope and vision modes
+    // read 4 positions per row and the sections.
+    if !matches!(mode, 0 | 2) {
+        return refuse(op, format!("rope mode {mode} is not supported"));
+    }
+    // ggml_compute_forward_rope: F16 / F32 source only (GGML_ABORT on
+    // BF16 and the rest), dst of the same type;
+    // GGML_ASSERT(src1->type == GGML_TYPE_I32), positions read as a
+    // packed int32 array indexed by i2 < ne2 (the builder's
+    // `a->ne[2] == b->ne[0]`, ggml_is_vector(b)); GGML_ASSERT(nb0 ==
+    // nb00), GGML_ASSERT(nb0 == sizeof(T)).
+    if b.ty != GGML_TYPE_I32
+        || !vector
+        || !rows_contiguous(b)
+        || b.ne[0] != a.ne[2]
+        || r.ne != a.ne
+        || r.ty != a.ty
+        || !matches!(a.ty, GGML_TYPE_F32 | GGML_TYPE_F16)
+        || !rows_contiguous(a)
+        || !rows_contiguous(r)
+    {
+        return refuse(op, "rope shapes/types");
+    }
+    // GGML_ASSERT(n_dims <= ne0), GGML_ASSERT(n_dims % 2 == 0) (n_dims 0
+    // makes theta_scale pow(base, -inf): refused as the builder's callers
+    // never send it).
+    if n_dims <= 0 || n_dims % 2 != 0 || n_dims > ne0 {
+        return refuse(op, format!("rope n_dims {n_dims} for rows of {ne0}"));
+    }
+    // GGML_ASSERT(n_offs >= 0), GGML_ASSERT(n_offs % 2 == 0),
+    // GGML_ASSERT(n_offs + n_dims <= ne0).
+    if n_offs < 0 || n_offs % 2 != 0 || n_offs + n_dims > ne0 {
+        return refuse(
+            op,
+            format!("rope n_offs {n_offs} with n_dims {n_dims} for rows of {ne0}"),
+        );
+    }
+    // The pass that copies the channels outside [n_offs, n_offs + n_dims)
+    // copies pairs dst[i0], dst[i0 + 1] for even i0 < ne0: with ne0 odd
+    // (n_dims is even, so some channel is left) its last pair writes one
+    // element past the row.
+    if ne0 % 2 != 0 {
+        return refuse(op, format!("rope rows of odd length {ne0}"));
+    }
+    if let Some(c) = s[2] {
+        // GGML_ASSERT(src2->type == GGML_TYPE_F32), GGML_ASSERT(src2->ne[0]
+        // >= n_dims / 2); read as a packed float array (its reach past
+        // the tensor: check_reads_past_extent).
+        if c.ty != GGML_TYPE_F32 || i64::from(c.ne[0]) < n_dims / 2 || !rows_contiguous(c) {
+            return refuse(op, "rope frequency factors");
+        }
+    }
+    Ok(())
+}
+
+/// FLASH_ATTN_EXT: `ggml_compute_forward_flash_attn_ext` and its one-chunk,
+/// tiled and split-KV paths (ops.cpp).
+fn check_flash_attn_ext(r: &RpcTensor, s: &[Option<&RpcTensor>; MAX_SRC]) -> Result<()> {
+    let op = r.op;
+    let (Some(q), Some(k), Some(v)) = (s[0], s[1], s[2]) else {
+        return refuse(op, "flash_attn_ext needs three sources");
+    };
+    // GGML_ASSERT(ne0 == DV), (ne2 == N), (nbq0 / nbk0 / nbv0 == type
+    // size), (neq0 == DK == nek0); K rows ic < nek1 of V (nev1 == nek1);
+    // broadcast rk2 = neq2 / nek2, rv2 = neq2 / nev2, rk3 / rv3 with equal
+    // dim 3; Q is read as F32; K needs a from_float for its vec_dot type
+    // and V a to_float (GGML_ASSERT "unsupported K-type / V-type"): F32,
+    // F16 and BF16 here.
+    if k.ne[0] != q.ne[0]
+        || v.ne[1] != k.ne[1]
+        || !divides(k.ne[2], q.ne[2])
+        || !divides(v.ne[2], q.ne[2])
+        || q.ne[3] != k.ne[3]
+        || q.ne[3] != v.ne[3]
+        || q.ty != GGML_TYPE_F32
+        || !float(k.ty)
+        || !float(v.ty)
+        || r.ty != GGML_TYPE_F32
+        || r.ne != [v.ne[0], q.ne[2], q.ne[1], q.ne[3]]
+        || !is_contiguous(r)
+        || !rows_contiguous(q)
+        || !rows_contiguous(k)
+        || !rows_contiguous(v)
+    {
+        return refuse(op, "flash_attn_ext shapes/types");
+    }
+    // "dst cannot be transposed or permuted": GGML_ASSERT(nb0 ==
+    // sizeof(float)), (nb0 <= nb1), (nb1 <= nb2), (nb2 <= nb3), size-1
+    // dims included. Every path then stores a result row with
+    // `memcpy(dst + (i3*ne2*ne1 + i2 + i1*ne1)*nb1, VKQ32, nb1)`: nb1
+    // bytes per row, rows counted flat; nb1 must be the row size.
+    if r.nb[0] != 4 || !strides_ordered(r) || u64::from(r.nb[1]) != row_bytes(r) {
+        return refuse(
+            op,
+            "flash_attn_ext result must be packed, nb0 = 4 <= nb1 = row <= nb2 <= nb3",
+        );
+    }
+    // switch (dst->op_params[3]): GGML_PREC_DEFAULT or GGML_PREC_F32, else
+    // GGML_ABORT. op_params 0..=2 (scale, max_bias, softcap) are floats.
+    let prec = r.op_params[3];
+    if !matches!(prec, PREC_DEFAULT | PREC_F32) {
+        return refuse(op, format!("flash_attn_ext precision {prec}"));
+    }
+    // The chunk loops take q rows as `int` (ir0, ir1 narrowed from
+    // int64): more than i32::MAX rows would index from negative rows.
+    if nrows(q) > i32::MAX as u64 {
+        return refuse(op, "flash_attn_ext has more than 2^31 - 1 query rows");
+    }
+    if k.ne[0] > MAX_FLASH_ATTN_HEAD || v.ne[0] > MAX_FLASH_ATTN_HEAD {
+        return refuse(
+            op,
+            format!(
+                "flash_attn_ext head sizes {} / {} exceed {MAX_FLASH_ATTN_HEAD}",
+                k.ne[0], v.ne[0]
+            ),
+        );
+    }
+    if let Some(m) = s[3] {
+        // The mask is read as F16 (GGML_CPU_FP16_TO_FP32(mp[ic])) at row
+        // iq1 < neq1, ic < nek1, broadcast over dims 2 and 3 by `%`.
+        if m.ty != GGML_TYPE_F16
+            || !is_contiguous(m)
+            || m.ne[0] != k.ne[1]
+            || m.ne[1] < q.ne[1]
+            || !divides(m.ne[2], q.ne[2])
+            || !divides(m.ne[3], q.ne[3])
+        {
+            return refuse(op, "flash_attn_ext mask");
+        }
+    }
+    if s[4].is_some() {
+        return refuse(op, "flash_attn_ext sinks are not supported");
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -440,5 +789,170 @@ mod tests {
         for ty in [Q8_1, Q8_K, 24, 25, 27, 28] {
             assert!(get_rows(ty).is_err(), "get_rows type {ty}");
         }
+    }
+
+    fn f32_bits(v: f32) -> i32 {
+        v.to_bits() as i32
+    }
+
+    fn node(ty: u32, ne: [u32; 4], op: u32) -> RpcTensor {
+        let mut r = packed(ty, ne);
+        r.op = op;
+        r
+    }
+
+    #[test]
+    fn norm_eps_must_be_a_non_negative_number() {
+        let a = packed(GGML_TYPE_F32, [4, 2, 1, 1]);
+        for op in [OP_NORM, OP_RMS_NORM] {
+            let mut r = node(GGML_TYPE_F32, [4, 2, 1, 1], op);
+            for (eps, ok) in [
+                (1e-5f32, true),
+                (0.0, true),
+                (-1e-5, false),
+                (f32::NAN, false),
+            ] {
+                r.op_params[0] = f32_bits(eps);
+                assert_eq!(
+                    check_node(&r, &srcs(&a, None), None).is_ok(),
+                    ok,
+                    "{op} {eps}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn scale_rows_must_be_flat() {
+        let a = packed(GGML_TYPE_F32, [4, 1, 3, 1]);
+        let r = node(GGML_TYPE_F32, [4, 1, 3, 1], OP_SCALE);
+        assert!(check_node(&r, &srcs(&a, None), None).is_ok());
+        // Contiguous for ggml (ne[1] == 1), but rows are walked by nb[1].
+        let mut wide = r.clone();
+        wide.nb[1] = 1 << 20;
+        assert!(is_contiguous(&wide));
+        assert!(check_node(&wide, &srcs(&a, None), None).is_err());
+        let mut padded = a.clone();
+        padded.ne = [4, 3, 1, 1];
+        padded.nb = [4, 32, 96, 96];
+        let r = node(GGML_TYPE_F32, [4, 3, 1, 1], OP_SCALE);
+        assert!(check_node(&r, &srcs(&padded, None), None).is_err());
+    }
+
+    #[test]
+    fn contiguous_1_frees_dim_1_only() {
+        let mut t = packed(GGML_TYPE_F32, [4, 2, 3, 1]);
+        assert!(is_contiguous_1(&t));
+        t.nb = [4, 32, 64, 192];
+        assert!(is_contiguous_1(&t) && !is_contiguous(&t));
+        t.nb = [4, 16, 64, 192];
+        assert!(!is_contiguous_1(&t));
+    }
+
+    #[test]
+    fn glu_types_limits_and_layout() {
+        let glu = |ty: u32, op: i32, limit: f32, a_nb: Option<[u32; 4]>| {
+            let mut a = packed(ty, [8, 2, 3, 1]);
+            if let Some(nb) = a_nb {
+                a.nb = nb;
+            }
+            let mut r = node(ty, [4, 2, 3, 1], GGML_OP_GLU);
+            r.op_params[0] = op;
+            r.op_params[3] = f32_bits(limit);
+            check_node(&r, &srcs(&a, None), None).is_ok()
+        };
+        assert!(glu(GGML_TYPE_F32, 3, 7.0, None));
+        assert!(!glu(GGML_TYPE_F16, 3, 7.0, None));
+        assert!(!glu(GGML_TYPE_F32, 3, -7.0, None));
+        assert!(!glu(GGML_TYPE_F32, 6, f32::NAN, None));
+        assert!(glu(GGML_TYPE_F16, 6, 7.0, None));
+        assert!(!glu(GGML_TYPE_BF16, 6, 7.0, None));
+        assert!(glu(GGML_TYPE_BF16, 2, 0.0, None));
+        assert!(!glu(GGML_TYPE_F32, 2, 0.0, Some([4, 32, 128, 384])));
+        assert!(glu(GGML_TYPE_F32, 2, 0.0, Some([4, 64, 128, 384])));
+    }
+
+    fn rope(ty: u32, ne0: u32, n_dims: i32, n_offs: i32, pos_nb0: u32) -> Result<()> {
+        let a = packed(ty, [ne0, 2, 3, 1]);
+        let mut pos = packed(GGML_TYPE_I32, [3, 1, 1, 1]);
+        pos.nb[0] = pos_nb0;
+        let mut r = node(ty, [ne0, 2, 3, 1], OP_ROPE);
+        r.op_params[1] = n_dims;
+        r.op_params[15] = n_offs;
+        check_node(&r, &srcs(&a, Some(&pos)), None)
+    }
+
+    #[test]
+    fn rope_params_types_and_rows() {
+        assert!(rope(GGML_TYPE_F32, 8, 4, 0, 4).is_ok());
+        assert!(rope(GGML_TYPE_F16, 8, 4, 4, 4).is_ok());
+        assert!(rope(GGML_TYPE_BF16, 8, 4, 0, 4).is_err());
+        for n_offs in [1, -2, 6] {
+            assert!(rope(GGML_TYPE_F32, 8, 4, n_offs, 4).is_err(), "{n_offs}");
+        }
+        assert!(rope(GGML_TYPE_F32, 7, 4, 0, 4).is_err());
+        assert!(rope(GGML_TYPE_F32, 8, 4, 0, 8).is_err());
+    }
+
+    #[test]
+    fn mul_mat_result_strides_and_hadamard_hint() {
+        let w = packed(GGML_TYPE_F32, [4, 3, 1, 1]);
+        let x = packed(GGML_TYPE_F32, [4, 2, 1, 1]);
+        let mut r = node(GGML_TYPE_F32, [3, 2, 1, 1], OP_MUL_MAT);
+        assert!(check_node(&r, &srcs(&w, Some(&x)), None).is_ok());
+        for nb in [[4, 12, 4, 4], [4, 12, 24, 16]] {
+            let mut bad = r.clone();
+            bad.nb = nb;
+            assert!(is_contiguous(&bad));
+            assert!(
+                check_node(&bad, &srcs(&w, Some(&x)), None).is_err(),
+                "{nb:?}"
+            );
+        }
+        // K = 4 with 3 result rows, K = 6: refused with the hint.
+        r.op_params[1] = HINT_SRC0_IS_HADAMARD;
+        assert!(check_node(&r, &srcs(&w, Some(&x)), None).is_err());
+        let h = packed(GGML_TYPE_F32, [4, 4, 1, 1]);
+        let r4 = {
+            let mut r = node(GGML_TYPE_F32, [4, 2, 1, 1], OP_MUL_MAT);
+            r.op_params[1] = HINT_SRC0_IS_HADAMARD;
+            r
+        };
+        assert!(check_node(&r4, &srcs(&h, Some(&x)), None).is_ok());
+        let h6 = packed(GGML_TYPE_F32, [6, 6, 1, 1]);
+        let x6 = packed(GGML_TYPE_F32, [6, 2, 1, 1]);
+        let mut r6 = node(GGML_TYPE_F32, [6, 2, 1, 1], OP_MUL_MAT);
+        r6.op_params[1] = HINT_SRC0_IS_HADAMARD;
+        assert!(check_node(&r6, &srcs(&h6, Some(&x6)), None).is_err());
+    }
+
+    #[test]
+    fn flash_attn_ext_result_precision_and_head_size() {
+        let fa = |nb1: u32, prec: i32, dk: u32| {
+            let q = packed(GGML_TYPE_F32, [dk, 1, 1, 1]);
+            let k = packed(GGML_TYPE_F16, [dk, 2, 1, 1]);
+            let v = packed(GGML_TYPE_F16, [4, 2, 1, 1]);
+            let mut r = node(GGML_TYPE_F32, [4, 1, 1, 1], OP_FLASH_ATTN_EXT);
+            r.nb = [4, nb1, nb1, nb1];
+            r.op_params[3] = prec;
+            let mut s = srcs(&q, Some(&k));
+            s[2] = Some(&v);
+            check_node(&r, &s, None).is_ok()
+        };
+        assert!(fa(16, PREC_DEFAULT, 8));
+        assert!(fa(16, PREC_F32, 8));
+        assert!(!fa(16, 5, 8));
+        assert!(!fa(4096, PREC_DEFAULT, 8));
+        assert!(!fa(16, PREC_DEFAULT, MAX_FLASH_ATTN_HEAD * 2));
+    }
+
+    #[test]
+    fn get_rows_source_rows_must_be_packed() {
+        assert!(get_rows(GGML_TYPE_F16).is_ok());
+        let mut table = packed(GGML_TYPE_F32, [256, 8, 1, 1]);
+        table.nb[0] = 8;
+        let idx = packed(GGML_TYPE_I32, [2, 1, 1, 1]);
+        let r = node(GGML_TYPE_F32, [256, 2, 1, 1], GGML_OP_GET_ROWS);
+        assert!(check_node(&r, &srcs(&table, Some(&idx)), None).is_err());
     }
 }
