@@ -2,12 +2,14 @@
 //! posting with backpressure, completion processing and peer death.
 //!
 //! Posting policy (as fabric-lib on EFA): each submit call posts one
-//! operation eagerly, so a lone request starts at once; the rest wait in a
-//! queue, drained by up to [`crate::Config::post_batch`] posts per poll
-//! pass. `-FI_EAGAIN` puts the operation back at the queue's head and ends
-//! the pass: nothing is ever dropped.
+//! operation eagerly, so a lone request starts at once; the rest wait in
+//! per-peer queues ([`crate::queue`]), drained by up to
+//! [`crate::Config::post_batch`] posts per poll pass, peers taking turns.
+//! `-FI_EAGAIN` puts the operation back at its peer's head and ends that
+//! peer's pass: nothing is ever dropped. A peer may have at most half the
+//! send queue posted, so one that stopped answering cannot take the whole
+//! queue from the others until its timeout.
 
-use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use transfer_core::{
@@ -92,6 +94,7 @@ impl LibfabricDomain {
             )
         };
         if ret == 0 {
+            self.count_posted(w.peer);
             return Ok(());
         }
         self.slots.take(ctx);
@@ -100,6 +103,36 @@ impl LibfabricDomain {
         } else {
             Err(PostError::Fail(self.lib.error(CALL, ret)))
         }
+    }
+
+    fn count_posted(&mut self, peer: PeerId) {
+        *self.posted_to.entry(peer).or_insert(0) += 1;
+    }
+
+    /// A posted operation to `peer` came back (completion or error).
+    fn count_returned(&mut self, peer: PeerId) {
+        if let Some(n) = self.posted_to.get_mut(&peer) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.posted_to.remove(&peer);
+            }
+        }
+    }
+
+    /// Whether `p` must wait because its peer has `peer_cap` operations
+    /// posted. Work that would not reach the provider (its call already
+    /// ended or failed, its peer is dead or gone) never waits: it is
+    /// settled at once, or a dead peer's queue would never drain.
+    fn held_back(&self, p: &Pending) -> bool {
+        let peer = p.peer();
+        if self.posted_to.get(&peer).copied().unwrap_or(0) < self.peer_cap {
+            return false;
+        }
+        let settles = match p {
+            Pending::Write { op, .. } => !self.ops.is_live(*op) || self.ops.has_failed(*op),
+            Pending::Send { op, .. } => !self.ops.is_live(*op),
+        };
+        !settles && self.peers.fi_addr("post", peer).is_ok()
     }
 
     /// Posts a send; on failure hands the message back.
@@ -138,6 +171,7 @@ impl LibfabricDomain {
         // `desc`; the slot lives until the completion.
         let ret = unsafe { self.ep.send(buf, len, desc, dest, ctx) };
         if ret == 0 {
+            self.count_posted(peer);
             return Ok(());
         }
         let err = if Self::eagain(ret) {
@@ -266,6 +300,18 @@ impl LibfabricDomain {
         }
     }
 
+    /// Posts new work at once (so a lone request starts without waiting for
+    /// a poll) unless it must queue: its peer already has work waiting
+    /// (which goes first), is at its cap, or the provider says EAGAIN.
+    fn post_or_queue(&mut self, p: Pending) {
+        if self.queue.has(p.peer()) || self.held_back(&p) {
+            return self.queue.push_back(p);
+        }
+        if let Some(back) = self.post_pending(p) {
+            self.queue.push_front(back);
+        }
+    }
+
     /// Posts queued work, up to `limit` items.
     fn drain_queue(&mut self, limit: usize) {
         if !self.retries.is_empty() {
@@ -278,28 +324,37 @@ impl LibfabricDomain {
                 self.queue.push_front(p);
             }
         }
-        // EAGAIN for one peer (e.g. its connection is still being set up, or
-        // it stopped answering) must not hold back work for the others:
-        // that peer's items wait, in order, and the pass goes on. A full
-        // send queue makes every post fail, which `limit` bounds.
-        let mut blocked: Vec<transfer_core::PeerId> = Vec::new();
-        let mut waiting: VecDeque<Pending> = VecDeque::new();
-        for _ in 0..limit {
-            let Some(p) = self.queue.pop_front() else {
+        // Peers take turns, one post each. EAGAIN for one peer (e.g. its
+        // connection is still being set up, or it stopped answering) and a
+        // peer at `peer_cap` end that peer's pass only: its work waits, in
+        // order, at no cost to the others' budget. A full send queue makes
+        // every post fail, which `limit` bounds.
+        let mut blocked: Vec<PeerId> = Vec::new();
+        let mut budget = limit;
+        let mut idle_turns = 0;
+        while budget > 0 && idle_turns < self.queue.peers() {
+            let Some(peer) = self.queue.next_turn() else {
                 break;
             };
-            let peer = p.peer();
-            if blocked.contains(&peer) {
-                waiting.push_back(p);
+            let held =
+                blocked.contains(&peer) || self.queue.front(peer).is_none_or(|p| self.held_back(p));
+            if held {
+                idle_turns += 1;
                 continue;
             }
-            if let Some(back) = self.post_pending(p) {
-                blocked.push(peer);
-                waiting.push_back(back);
+            let Some(p) = self.queue.pop(peer) else {
+                idle_turns += 1;
+                continue;
+            };
+            budget -= 1;
+            match self.post_pending(p) {
+                Some(back) => {
+                    self.queue.push_front(back);
+                    blocked.push(peer);
+                    idle_turns += 1;
+                }
+                None => idle_turns = 0,
             }
-        }
-        while let Some(p) = waiting.pop_back() {
-            self.queue.push_front(p);
         }
         while let Some(r) = self.recv_queue.pop_front() {
             match self.post_recv_now(&r) {
@@ -325,10 +380,12 @@ impl LibfabricDomain {
                 }
             }
             Some(SlotKind::Write { op, peer, .. }) => {
+                self.count_returned(peer);
                 self.peers.success(peer);
                 self.finish(op, Ok(()), true);
             }
             Some(SlotKind::Send { op, payload, peer }) => {
+                self.count_returned(peer);
                 self.peers.success(peer);
                 self.release_payload(payload);
                 self.finish(op, Ok(()), true);
@@ -373,6 +430,7 @@ impl LibfabricDomain {
                 write,
                 retried,
             }) => {
+                self.count_returned(peer);
                 let broken = self.connection_error(peer, e, &message, "fi_writemsg");
                 // A write that met a broken connection is posted once more
                 // (tcp;ofi_rxm reconnects on the next operation): writes are
@@ -401,6 +459,7 @@ impl LibfabricDomain {
                 }
             }
             Some(SlotKind::Send { op, peer, payload }) => {
+                self.count_returned(peer);
                 self.release_payload(payload);
                 let _ = self.connection_error(peer, e, &message, "fi_send");
                 self.finish(op, Err(error("fi_send")), true);
@@ -760,9 +819,7 @@ impl Domain for LibfabricDomain {
             );
         }
         let id = self.ops.start(op, 1, Instant::now());
-        if let Some(back) = self.post_pending(Pending::Send { op: id, peer, data }) {
-            self.queue.push_front(back);
-        }
+        self.post_or_queue(Pending::Send { op: id, peer, data });
     }
 
     fn submit_writes(&mut self, op: OpToken, writes: &[WriteOp]) {
@@ -782,9 +839,7 @@ impl Domain for LibfabricDomain {
                 write: *first,
                 retried: false,
             };
-            if let Some(back) = self.post_pending(eager) {
-                self.queue.push_front(back);
-            }
+            self.post_or_queue(eager);
         }
         for w in iter {
             self.queue.push_back(Pending::Write {

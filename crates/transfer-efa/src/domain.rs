@@ -32,6 +32,7 @@ use crate::mr::MemoryRegistration;
 use crate::ops::Ops;
 use crate::peers::Peers;
 use crate::provider::Provider;
+use crate::queue::PeerQueues;
 use crate::sys;
 
 /// Work accepted but not yet handed to the provider.
@@ -103,7 +104,15 @@ pub struct LibfabricDomain {
     pub(crate) key_mask: u64,
     pub(crate) peers: Peers,
     pub(crate) ops: Ops,
-    pub(crate) queue: VecDeque<Pending>,
+    /// Work not posted yet (the provider said EAGAIN, or its peer is at
+    /// `peer_cap`), per peer.
+    pub(crate) queue: PeerQueues,
+    /// Operations posted and not completed, per peer.
+    pub(crate) posted_to: HashMap<transfer_core::PeerId, usize>,
+    /// Most operations one peer may have posted: half the send queue, so a
+    /// peer that stopped answering cannot fill it for everyone until its
+    /// timeout (several stuck at once still can, until they time out).
+    pub(crate) peer_cap: usize,
     /// Writes waiting to be retried after a broken connection, with the
     /// time they may go.
     pub(crate) retries: Vec<(Instant, Pending)>,
@@ -261,6 +270,11 @@ impl LibfabricDomain {
             None
         };
         let now = Instant::now();
+        // An unknown send queue depth (0) sets no limit.
+        let peer_cap = match info.tx_size() {
+            0 => usize::MAX,
+            n => (n / 2).max(1),
+        };
         Ok(Self {
             ep,
             slots: SlotPool::default(),
@@ -287,7 +301,9 @@ impl LibfabricDomain {
             key_mask,
             peers: Peers::default(),
             ops: Ops::default(),
-            queue: VecDeque::new(),
+            queue: PeerQueues::default(),
+            posted_to: HashMap::new(),
+            peer_cap,
             retries: Vec::new(),
             recv_queue: VecDeque::new(),
             ready: Vec::new(),

@@ -34,6 +34,7 @@ mod mr;
 mod ops;
 mod peers;
 mod provider;
+mod queue;
 pub mod raw;
 mod sys;
 

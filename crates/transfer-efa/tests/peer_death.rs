@@ -151,10 +151,11 @@ fn silent_peer_does_not_block_others() {
             &[src.write_to(0, 16384, p_silent, &dst_silent, 0, None)],
         );
     }
-    a.submit_writes(
-        OpToken(1),
-        &[src.write_to(0, 4096, p_live, &dst_live, 0, Some(5))],
-    );
+    // One call of many writes: all but the first wait in the queue.
+    let writes: Vec<_> = (0..64)
+        .map(|i| src.write_to(i * 4096, 4096, p_live, &dst_live, i * 4096, Some(5)))
+        .collect();
+    a.submit_writes(OpToken(1), &writes);
     complete(&mut [&mut *a, &mut *live], &mut seen, OpToken(1)).unwrap();
     assert_eq!(&dst_live.mem[..4096], &src.mem[..4096]);
     assert!(
@@ -164,5 +165,67 @@ fn silent_peer_does_not_block_others() {
             .any(|(op, r)| op.0 >= 100 && r.is_err()),
         "the live peer's write waited for the silent peer's timeout: {:?}",
         seen.completed
+    );
+}
+
+/// Issue 12: a peer that stopped answering must hold only itself, even
+/// when far more work is queued for it than the provider's send queue and
+/// a poll pass's post budget hold: the live peer's write, submitted after
+/// thousands to the silent one, completes long before the silent peer's
+/// timeout.
+#[test]
+fn stuck_peer_with_a_full_send_queue_holds_only_itself() {
+    let config = Config::loopback(Provider::Tcp).with_peer_timeout(Duration::from_secs(40));
+    let Some(mut d) = open_with(config, 3) else {
+        return;
+    };
+    let (a, rest) = d.split_at_mut(1);
+    let (silent, live) = rest.split_at_mut(1);
+    let (a, silent, live) = (&mut a[0], &mut silent[0], &mut live[0]);
+    let n = (4 * a.tx_queue_size()).max(4096) as u64;
+    eprintln!(
+        "tx queue {}, {n} writes to the silent peer",
+        a.tx_queue_size()
+    );
+    let src = Buf::new(a, 1 << 20, |i| i as u8);
+    let dst_silent = Buf::new(silent, 1 << 20, |_| 0);
+    let dst_live = Buf::new(live, 1 << 20, |_| 0);
+    let p_silent = a.resolve_peer(&silent.address()).unwrap();
+    let p_live = a.resolve_peer(&live.address()).unwrap();
+    let mut seen = Seen::default();
+    for i in 0..n {
+        a.submit_writes(
+            OpToken(100 + i),
+            &[src.write_to(0, 64 << 10, p_silent, &dst_silent, 0, None)],
+        );
+        // Progress as a worker would between submits.
+        let mut events = Vec::new();
+        a.poll(&mut events);
+        seen.completed
+            .extend(events.into_iter().filter_map(|e| match e {
+                transfer_core::DomainEvent::Completed { op, result } => Some((op, result)),
+                _ => None,
+            }));
+    }
+    let start = std::time::Instant::now();
+    // One call of many writes: all but the first wait in the queue.
+    let writes: Vec<_> = (0..64)
+        .map(|i| src.write_to(i * 4096, 4096, p_live, &dst_live, i * 4096, Some(5)))
+        .collect();
+    a.submit_writes(OpToken(1), &writes);
+    complete(&mut [&mut *a, &mut *live], &mut seen, OpToken(1)).unwrap();
+    eprintln!(
+        "live write completed after {:?}; {} silent writes completed, {} calls in flight",
+        start.elapsed(),
+        seen.completed.iter().filter(|(op, _)| op.0 >= 100).count(),
+        a.ops_in_flight()
+    );
+    assert_eq!(&dst_live.mem[..64 * 4096], &src.mem[..64 * 4096]);
+    assert!(
+        !seen
+            .completed
+            .iter()
+            .any(|(op, r)| op.0 >= 100 && r.is_err()),
+        "the live peer's write waited for the silent peer's timeout"
     );
 }
