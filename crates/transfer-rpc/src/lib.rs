@@ -39,6 +39,7 @@ pub mod client;
 #[cfg(feature = "engine")]
 pub mod engine_link;
 pub mod error;
+pub mod fuzz;
 pub mod hash;
 pub mod io;
 #[cfg(feature = "ggml")]

@@ -235,6 +235,30 @@ impl Session {
         Ok(())
     }
 
+    /// Handles one whole request frame: decode, check, execute. This is the
+    /// whole protocol without a socket (`run` adds reading, the streamed
+    /// SET_TENSOR path and writing); an error means the connection would be
+    /// closed. Fuzzers and tests drive sessions through it.
+    pub fn handle_frame(&mut self, cmd: Command, payload: &[u8]) -> Result<Option<Response>> {
+        let req = match Request::decode(cmd, payload) {
+            Ok(r) => r,
+            Err(e) => match engine_refusal(cmd) {
+                // A refused ENGINE_* payload was read whole: answer it with
+                // its failure status and keep the connection.
+                Some(resp) if self.hello_done => {
+                    self.shared.log(&format!("session {}: {e}", self.id));
+                    return Ok(Some(resp));
+                }
+                _ => return Err(e),
+            },
+        };
+        if self.shared.config.verbose {
+            self.shared
+                .log(&format!("session {}: {}", self.id, cmd.name()));
+        }
+        self.dispatch(req)
+    }
+
     /// Serves the connection until it closes or sends something refused.
     pub fn run(&mut self, stream: &mut TcpStream) -> Result<()> {
         loop {
@@ -243,26 +267,7 @@ impl Session {
                 Next::Streamed => continue,
                 Next::Frame(c, p, r) => (c, p, r),
             };
-            let req = match Request::decode(cmd, &payload) {
-                Ok(r) => r,
-                Err(e) => match engine_refusal(cmd) {
-                    // A refused ENGINE_* payload was read whole: answer it
-                    // with its failure status and keep the connection.
-                    Some(resp) if self.hello_done => {
-                        self.shared.log(&format!("session {}: {e}", self.id));
-                        stream
-                            .write_all(&encode_response(&resp.encode_payload()))
-                            .map_err(|e| RpcError::io("write response", e))?;
-                        continue;
-                    }
-                    _ => return Err(e),
-                },
-            };
-            if self.shared.config.verbose {
-                self.shared
-                    .log(&format!("session {}: {}", self.id, cmd.name()));
-            }
-            if let Some(resp) = self.dispatch(req)? {
+            if let Some(resp) = self.handle_frame(cmd, &payload)? {
                 write_response(stream, &resp)?;
             }
             self.response_budget = None;
