@@ -381,7 +381,7 @@ fn glu_graph(glu: i32, ty: u32, limit: f32, b: u64, base: u64) -> GraphPayload {
 
 /// ROPE of an F32 or F16 `[ne0, 2, 3]` source (3 positions 0, 1, 2 at
 /// 2048), `n_dims`, `mode`, `n_offs`, optional frequency factors (`[n]` at
-/// `ff_offset`).
+/// `ff_offset`), into a result at the end of the buffer.
 #[allow(clippy::too_many_arguments)]
 fn rope_graph(
     ty: u32,
@@ -401,7 +401,13 @@ fn rope_graph(
         tensors.push(packed(3, F32, [n, 1, 1, 1], b, base, offset));
         srcs.push(3);
     }
-    let mut r = node(packed(4, ty, [ne0, 2, 3, 1], b, base, 4096), OP_ROPE, &srcs);
+    // The result ends where the buffer ends: a write past it faults.
+    let r_offset = BUF - u64::from(ne0 * 6 * type_size(ty));
+    let mut r = node(
+        packed(4, ty, [ne0, 2, 3, 1], b, base, r_offset),
+        OP_ROPE,
+        &srcs,
+    );
     r.op_params[1] = n_dims;
     r.op_params[2] = mode;
     r.op_params[4] = 4096;
@@ -490,7 +496,7 @@ fn rope_offsets_row_length_and_frequency_factors() {
         });
     }
     // Odd rows: the pass that copies the unrotated channels by pairs writes
-    // one element past each row.
+    // one element past each row, the last one past the buffer's end.
     refused(&h, "rope of rows of odd length", |b, base| {
         rope_graph(F32, 7, 4, 0, 0, None, b, base)
     });
