@@ -25,7 +25,7 @@
 use super::graph::ValidatedGraph;
 use super::ops::{
     GGML_OP_GET_ROWS, GGML_OP_GLU, GGML_OP_NONE, GGML_OP_PERMUTE, GGML_OP_RESHAPE,
-    GGML_OP_SET_ROWS, GGML_OP_TRANSPOSE, GGML_OP_UNARY, GGML_OP_VIEW,
+    GGML_OP_SET_ROWS, GGML_OP_TRANSPOSE, GGML_OP_UNARY, GGML_OP_VIEW, is_view_op,
 };
 use super::types::{GGML_TYPE_F16, GGML_TYPE_F32, GGML_TYPE_I32, TypeInfo, type_info};
 use crate::error::{Result, RpcError};
@@ -163,6 +163,18 @@ fn flat_rows(t: &RpcTensor) -> bool {
     is_contiguous(t) && (nrows(t) <= 1 || u64::from(t.nb[1]) == row_bytes(t))
 }
 
+/// Row length and row count fit the `int` many kernels narrow them to:
+/// scale_f32 `const int nc = src0->ne[0]` then `memcpy(.., nc *
+/// sizeof(float))` (a negative nc is a huge size); every glu kernel
+/// `const int nc`, `const int nr = ggml_nrows(src0)` then
+/// GGML_ASSERT(dst->ne[0] == nc), GGML_ASSERT(ggml_nrows(dst) == nr);
+/// flash_attn_ext's `int ir0, ir1` row ranges; rope's `int nr`. Real
+/// graphs stay far below (2^31 elements per row or rows).
+fn fits_int(t: &RpcTensor) -> bool {
+    let max = i32::MAX as u64;
+    u64::from(t.ne[0]) <= max && nrows(t) <= max
+}
+
 fn float(ty: u32) -> bool {
     matches!(ty, GGML_TYPE_F32 | GGML_TYPE_F16 | GGML_TYPE_BF16)
 }
@@ -247,6 +259,16 @@ pub fn check_node(
     let src = |i: usize| -> Result<&RpcTensor> {
         s[i].ok_or_else(|| RpcError::refused(CALL, format!("op {op}: missing source {i}")))
     };
+    if op != GGML_OP_NONE && !is_view_op(op) {
+        for t in std::iter::once(r).chain(s.iter().flatten().copied()) {
+            if !fits_int(t) {
+                return refuse(
+                    op,
+                    format!("a row of {} or {} rows exceed 2^31 - 1", t.ne[0], nrows(t)),
+                );
+            }
+        }
+    }
     match op {
         GGML_OP_NONE => Ok(()),
         OP_ADD | OP_SUB | OP_MUL | OP_DIV => {
@@ -683,10 +705,8 @@ fn check_flash_attn_ext(r: &RpcTensor, s: &[Option<&RpcTensor>; MAX_SRC]) -> Res
         return refuse(op, format!("flash_attn_ext precision {prec}"));
     }
     // The chunk loops take q rows as `int` (ir0, ir1 narrowed from
-    // int64): more than i32::MAX rows would index from negative rows.
-    if nrows(q) > i32::MAX as u64 {
-        return refuse(op, "flash_attn_ext has more than 2^31 - 1 query rows");
-    }
+    // int64): past i32::MAX rows they would index from negative rows
+    // (refused for every op by fits_int).
     if k.ne[0] > MAX_FLASH_ATTN_HEAD || v.ne[0] > MAX_FLASH_ATTN_HEAD {
         return refuse(
             op,
@@ -954,5 +974,33 @@ mod tests {
         let idx = packed(GGML_TYPE_I32, [2, 1, 1, 1]);
         let r = node(GGML_TYPE_F32, [256, 2, 1, 1], GGML_OP_GET_ROWS);
         assert!(check_node(&r, &srcs(&table, Some(&idx)), None).is_err());
+    }
+
+    #[test]
+    fn rows_and_row_counts_must_fit_an_int() {
+        // Shapes only (strides of overlapping rows): no memory behind them.
+        let t = |ne: [u32; 4], op: u32| RpcTensor {
+            ty: GGML_TYPE_F32,
+            ne,
+            nb: [4, 4 * ne[0].min(4), 4 * ne[0].min(4), 4 * ne[0].min(4)],
+            op,
+            ..RpcTensor::default()
+        };
+        let scale = |ne: [u32; 4]| {
+            let a = t(ne, 0);
+            check_node(&t(ne, OP_SCALE), &srcs(&a, None), None).is_ok()
+        };
+        // flat_rows fails these anyway for nrows > 1; check the int guard
+        // on a single long row and on many one-element rows.
+        assert!(!scale([1 << 31, 1, 1, 1]));
+        let glu = |ne: [u32; 4]| {
+            let a = t(ne, 0);
+            let mut r = t(ne, GGML_OP_GLU);
+            r.op_params[0] = 2;
+            check_node(&r, &srcs(&a, Some(&a)), None).is_ok()
+        };
+        assert!(!glu([1 << 31, 1, 1, 1]));
+        assert!(!glu([1, 1 << 31, 1, 1]));
+        assert!(glu([(1 << 31) - 1, 1, 1, 1]));
     }
 }
