@@ -13,6 +13,9 @@ use std::time::Duration;
 
 use crossbeam_queue::SegQueue;
 
+use crate::completion::{Delivery, Notify};
+use crate::error::Result;
+
 /// A unit of work for the callback thread.
 pub(crate) type Job = Box<dyn FnOnce() + Send>;
 
@@ -28,6 +31,26 @@ impl CallbackQueue {
         if let Some(t) = self.thread.get() {
             t.unpark();
         }
+    }
+
+    /// Hands a finished notification's deferred part (a user callback) to
+    /// the thread; inline deliveries are already done.
+    pub(crate) fn deliver(&self, d: Delivery) {
+        if let Delivery::Deferred(job) = d {
+            self.push(job);
+        }
+    }
+
+    /// Delivers every one of `fired`.
+    pub(crate) fn deliver_all(&self, fired: impl IntoIterator<Item = Delivery>) {
+        for d in fired {
+            self.deliver(d);
+        }
+    }
+
+    /// Reports `result` through `notify`.
+    pub(crate) fn notify(&self, notify: Notify, result: Result<()>) {
+        self.deliver(notify.deliver(result));
     }
 }
 

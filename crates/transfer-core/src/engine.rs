@@ -11,9 +11,10 @@ use crate::callbacks::{CallbackQueue, CallbackThread};
 use crate::completion::{Delivery, Notify, Pending};
 use crate::domain::Domain;
 use crate::error::{Result, TransferError};
-use crate::group::DomainGroup;
+use crate::group::{DomainGroup, Sinks};
 use crate::idle::IdlePolicy;
 use crate::imm_counter::{ImmAction, ImmCounters};
+use crate::job::{BarrierJob, Job, PagedJob, ScatterJob, SpanJob, WriteJob};
 use crate::memory::{MemoryLocation, MemorySpan, RemoteRegion};
 use crate::oneshot;
 use crate::peer::{Peer, PeerGroup, PeerInner, RemoteTarget};
@@ -22,9 +23,7 @@ use crate::region::{HostBuffer, LocalRegion, RegionInner};
 use crate::request::{PagedWriteRequest, ScatterItem, Slice, WriteRequest};
 use crate::shard::{ShardPolicy, WriteShape, expected_imms};
 use crate::topology;
-use crate::worker::{
-    BarrierJob, Job, PagedJob, ScatterJob, SpanJob, Worker, WorkerQueue, WriteJob,
-};
+use crate::worker::{Worker, WorkerQueue};
 
 /// Default capacity of each worker's request queue (fabric-lib uses 128;
 /// a deeper queue absorbs bursts of paged writes from many API threads).
@@ -207,40 +206,15 @@ fn spawn_worker<D: Domain>(
     ctx: &SpawnContext,
 ) -> Result<(GroupAddress, WorkerHandle)> {
     const CALL: &str = "EngineBuilder::build";
+    group.set_shard_policy(ctx.policy);
     let addr = group.address(ctx.policy);
     let numa = group.domains().first().and_then(|d| d.info().numa_node);
-    // The local side of zero-byte (barrier) writes must be registered memory on EFA.
-    let scratch = HostBuffer::new(64)?;
-    let span = MemorySpan {
-        ptr: scratch.as_ptr(),
-        len: scratch.len(),
-        location: MemoryLocation::Host,
-        dmabuf_fd: None,
-    };
-    let mut mrs = Vec::with_capacity(group.len());
-    for d in group.domains_mut() {
-        mrs.push(d.register(span)?.mr);
-    }
     let queue = WorkerQueue::new(ctx.queue_capacity);
-    let worker = Worker {
-        ordered: addr.ordering == crate::addr::Ordering::InOrder,
-        max_write: addr.max_write_size,
-        group,
-        policy: ctx.policy,
-        idle: ctx.idle,
-        queue: queue.clone(),
+    let sinks = Sinks {
         callbacks: ctx.callbacks.clone(),
         imms: ctx.imms.clone(),
-        scratch_region: (scratch, mrs),
-        ops: HashMap::new(),
-        next_token: 0,
-        peers: HashMap::new(),
-        regions: HashMap::new(),
-        batches: Vec::new(),
-        rr: 0,
-        recv_pool: None,
-        wait_fds: Vec::new(),
     };
+    let worker = Worker::new(group, ctx.idle, queue.clone(), sinks);
     let pin = if ctx.pin {
         numa.and_then(topology::numa_node_cpus)
     } else {
@@ -864,18 +838,12 @@ impl TransferEngine {
     }
 
     fn deliver_all(&self, fired: Vec<Delivery>) {
-        for d in fired {
-            if let Delivery::Deferred(job) = d {
-                self.callbacks.push(job);
-            }
-        }
+        self.callbacks.deliver_all(fired);
     }
 
     /// Reports a refused submit through `notify` and as the return value.
     fn refuse(&self, notify: Notify, err: TransferError) -> Result<()> {
-        if let Delivery::Deferred(job) = notify.deliver(Err(err.clone())) {
-            self.callbacks.push(job);
-        }
+        self.callbacks.notify(notify, Err(err.clone()));
         Err(err)
     }
 }
@@ -952,11 +920,7 @@ impl Drop for ImmFuture {
         // False when it was met meanwhile: then there is nothing to undo.
         self.imms.cancel(self.imm, self.id, &mut fired);
         // Withdrawing a head expectation may let the next one fire.
-        for d in fired {
-            if let Delivery::Deferred(job) = d {
-                self.callbacks.push(job);
-            }
-        }
+        self.callbacks.deliver_all(fired);
     }
 }
 

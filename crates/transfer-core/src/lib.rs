@@ -14,15 +14,18 @@
 pub mod addr;
 mod callbacks;
 pub mod completion;
+pub mod countdown;
 pub mod domain;
 pub mod engine;
 pub mod error;
 pub mod group;
 pub mod idle;
 mod imm_counter;
+mod job;
 pub mod memory;
 mod oneshot;
 pub mod peer;
+mod plan;
 mod recv_pool;
 pub mod region;
 pub mod request;
@@ -38,6 +41,7 @@ pub mod conformance;
 
 pub use addr::{BackendKind, EngineAddress, GroupAddress, NicAddress, Ordering};
 pub use completion::{Callback, DoneFlag, Notify, Pending};
+pub use countdown::{Countdown, Countdowns};
 pub use domain::{
     Domain, DomainEvent, DomainInfo, DomainMr, OpToken, PeerId, RecvToken, Registration, WriteOp,
 };

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use rand::Rng;
 
 use crate::addr::{BackendKind, NicAddress, Ordering};
+use crate::countdown::Countdowns;
 use crate::domain::{
     Domain, DomainEvent, DomainInfo, DomainMr, OpToken, PeerId, RecvToken, Registration, WriteOp,
 };
@@ -34,7 +35,7 @@ pub struct TestDomain {
     next_mr: u64,
     peers: Vec<Option<u64>>,
     queue: VecDeque<PendingOp>,
-    remaining: HashMap<u64, (usize, Option<TransferError>)>,
+    calls: Countdowns,
     ready: Vec<DomainEvent>,
     event: Option<Arc<EventFd>>,
 }
@@ -54,7 +55,7 @@ impl TestDomain {
             next_mr: 1,
             peers: Vec::new(),
             queue: VecDeque::new(),
-            remaining: HashMap::new(),
+            calls: Countdowns::default(),
             ready: Vec::new(),
             event,
         }
@@ -67,27 +68,8 @@ impl TestDomain {
             .flatten()
     }
 
-    fn track(&mut self, token: OpToken, n: usize) {
-        let e = self.remaining.entry(token.0).or_insert((0, None));
-        e.0 += n;
-    }
-
     fn done(&mut self, token: OpToken, result: Result<()>, events: &mut Vec<DomainEvent>) {
-        let Some(e) = self.remaining.get_mut(&token.0) else {
-            return;
-        };
-        if let Err(err) = result {
-            e.1.get_or_insert(err);
-        }
-        e.0 = e.0.saturating_sub(1);
-        if e.0 == 0 {
-            if let Some((_, err)) = self.remaining.remove(&token.0) {
-                events.push(DomainEvent::Completed {
-                    op: token,
-                    result: err.map_or(Ok(()), Err),
-                });
-            }
-        }
+        events.extend(self.calls.settle(token, result));
     }
 
     fn execute_write(&self, s: &mut FabricState, w: &WriteOp) -> Result<()> {
@@ -302,7 +284,7 @@ impl Domain for TestDomain {
     }
 
     fn submit_send(&mut self, op: OpToken, peer: PeerId, data: Vec<u8>) {
-        self.track(op, 1);
+        self.calls.expect(op, 1);
         self.queue.push_back(PendingOp {
             token: op,
             op: Posted::Send { peer, data },
@@ -315,7 +297,7 @@ impl Domain for TestDomain {
                 .push(DomainEvent::Completed { op, result: Ok(()) });
             return;
         }
-        self.track(op, writes.len());
+        self.calls.expect(op, writes.len());
         for w in writes {
             self.queue.push_back(PendingOp {
                 token: op,
