@@ -1,21 +1,20 @@
-//! Bookkeeping of submit calls: how many operations each still waits for,
-//! its first error, and when it last made progress.
+//! Bookkeeping of submit calls: how many operations each still waits for
+//! and its first error (transfer-core's [`Countdown`]), how many are posted,
+//! and when it last made progress (for timeouts).
 
 use std::collections::HashMap;
 use std::time::Instant;
 
-use transfer_core::{DomainEvent, OpToken, TransferError};
+use transfer_core::{Countdown, DomainEvent, OpToken, TransferError};
 
 /// One submit call in flight.
 pub(crate) struct OpState {
     /// The caller's token.
     pub(crate) token: OpToken,
-    /// Operations not yet completed (posted or queued).
-    pub(crate) remaining: usize,
+    /// Operations not yet completed (posted or queued), and the first error.
+    pub(crate) parts: Countdown,
     /// Operations posted and not yet completed.
     pub(crate) posted: usize,
-    /// First error seen.
-    pub(crate) error: Option<TransferError>,
     /// Last post or completion of this call.
     pub(crate) last_activity: Instant,
     /// When the call was submitted.
@@ -40,9 +39,8 @@ impl Ops {
             id,
             OpState {
                 token,
-                remaining: count,
+                parts: Countdown::new(count),
                 posted: 0,
-                error: None,
                 last_activity: now,
                 submitted: now,
             },
@@ -57,7 +55,7 @@ impl Ops {
 
     /// Whether the call already failed (queued operations are then skipped).
     pub(crate) fn has_failed(&self, id: u64) -> bool {
-        self.map.get(&id).is_some_and(|o| o.error.is_some())
+        self.map.get(&id).is_some_and(|o| o.parts.has_failed())
     }
 
     /// Records that one operation of `id` was posted.
@@ -85,30 +83,24 @@ impl Ops {
         now: Instant,
     ) -> Option<DomainEvent> {
         let op = self.map.get_mut(&id)?;
-        op.remaining = op.remaining.saturating_sub(1);
         if was_posted {
             op.posted = op.posted.saturating_sub(1);
         }
         op.last_activity = now;
-        if let Err(e) = result {
-            op.error.get_or_insert(e);
-        }
-        if op.remaining > 0 {
-            return None;
-        }
+        let result = op.parts.settle(result)?;
         let op = self.map.remove(&id)?;
         Some(DomainEvent::Completed {
             op: op.token,
-            result: op.error.map_or(Ok(()), Err),
+            result,
         })
     }
 
     /// Fails the call now (timeout); later completions of it are ignored.
     pub(crate) fn abort(&mut self, id: u64, error: TransferError) -> Option<DomainEvent> {
-        let op = self.map.remove(&id)?;
+        let mut op = self.map.remove(&id)?;
         Some(DomainEvent::Completed {
             op: op.token,
-            result: Err(op.error.unwrap_or(error)),
+            result: op.parts.finish(Some(error)),
         })
     }
 

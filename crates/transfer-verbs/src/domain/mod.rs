@@ -17,9 +17,9 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use transfer_core::{
-    BackendKind, Domain, DomainEvent, DomainInfo, DomainMr, HostBuffer, MemorySpan, NicAddress,
-    OpToken, Ordering, PeerId, RecvToken, Registration, RemoteKey, RemoteNicRegion, Result,
-    TransferError, WriteOp,
+    BackendKind, Countdowns, Domain, DomainEvent, DomainInfo, DomainMr, HostBuffer, MemorySpan,
+    NicAddress, OpToken, Ordering, PeerId, RecvToken, Registration, RemoteKey, RemoteNicRegion,
+    Result, TransferError, WriteOp,
 };
 
 use crate::config::VerbsConfig;
@@ -44,11 +44,6 @@ enum SendBuf {
     Slot(usize),
     /// A message registered on the fly (too long for a slot, or none free).
     Owned(#[allow(dead_code)] Vec<u8>, #[allow(dead_code)] Mr),
-}
-
-struct OpTrack {
-    remaining: usize,
-    error: Option<TransferError>,
 }
 
 /// One verbs device port. See the module documentation.
@@ -83,7 +78,8 @@ pub struct VerbsDomain {
     next_mr: u64,
     next_buf: u64,
     free_slots: Vec<usize>,
-    ops: HashMap<u64, OpTrack>,
+    /// Submit calls in flight: one part per peer batch or send.
+    ops: Countdowns,
     ready: Vec<DomainEvent>,
     chain: SendChain,
     sigs: Vec<(bool, u64)>,
@@ -213,7 +209,7 @@ impl VerbsDomain {
             next_mr: 1,
             next_buf: 1,
             free_slots: (0..slots).rev().collect(),
-            ops: HashMap::new(),
+            ops: Countdowns::default(),
             ready: Vec::new(),
             sigs: Vec::new(),
             cq_depth,
@@ -268,32 +264,8 @@ impl VerbsDomain {
         self.cfg.send_slot_size.max(64)
     }
 
-    fn track(&mut self, op: OpToken, n: usize) {
-        self.ops
-            .entry(op.0)
-            .or_insert(OpTrack {
-                remaining: 0,
-                error: None,
-            })
-            .remaining += n;
-    }
-
     fn batch_done(&mut self, op: OpToken, r: Result<()>) {
-        let Some(t) = self.ops.get_mut(&op.0) else {
-            return;
-        };
-        if let Err(e) = r {
-            t.error.get_or_insert(e);
-        }
-        t.remaining = t.remaining.saturating_sub(1);
-        if t.remaining == 0 {
-            if let Some(t) = self.ops.remove(&op.0) {
-                self.ready.push(DomainEvent::Completed {
-                    op,
-                    result: t.error.map_or(Ok(()), Err),
-                });
-            }
-        }
+        self.ready.extend(self.ops.settle(op, r));
     }
 
     fn release_buf(&mut self, id: u64) {
@@ -436,7 +408,7 @@ impl Domain for VerbsDomain {
     }
 
     fn submit_send(&mut self, op: OpToken, peer: PeerId, data: Vec<u8>) {
-        self.track(op, 1);
+        self.ops.expect(op, 1);
         let id = self.next_buf;
         self.next_buf += 1;
         let len = match u32::try_from(data.len()) {
@@ -520,10 +492,10 @@ impl Domain for VerbsDomain {
             }
         }
         if let Some(e) = bad {
-            self.track(op, 1);
+            self.ops.expect(op, 1);
             return self.batch_done(op, Err(e));
         }
-        self.track(op, groups.len());
+        self.ops.expect(op, groups.len());
         let max_msg = self.port.max_msg_sz.max(1);
         let mut works = Vec::new();
         for (peer, specs) in groups {
