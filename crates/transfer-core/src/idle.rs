@@ -62,14 +62,25 @@ impl std::fmt::Display for IdlePolicy {
     }
 }
 
-pub(crate) struct IdleState {
+/// The idle state machine behind [`IdlePolicy`]: spin for `spin` after the
+/// last activity, then sleep with timeouts doubling from `min_park` to
+/// `max_park`. Public so that every polling thread (the engine's workers,
+/// transfer-cuda's watcher) shares one implementation.
+///
+/// It decides, the caller acts: [`IdleState::idle_at`] says whether to
+/// keep spinning or how long to sleep, and the caller spins (yield, spin
+/// hint) or sleeps (park, block on descriptors) its own way. Time comes in
+/// as an argument, so the machine is tested without sleeping.
+#[derive(Debug, Clone)]
+pub struct IdleState {
     policy: IdlePolicy,
     idle_since: Option<Instant>,
     park: Duration,
 }
 
 impl IdleState {
-    pub(crate) fn new(policy: IdlePolicy) -> Self {
+    /// A machine for `policy`, as if just active.
+    pub fn new(policy: IdlePolicy) -> Self {
         Self {
             policy,
             idle_since: None,
@@ -77,24 +88,25 @@ impl IdleState {
         }
     }
 
-    pub(crate) fn active(&mut self) {
+    /// Something happened: spin again from now on, and start the next
+    /// sleeps from `min_park`.
+    pub fn active(&mut self) {
         self.idle_since = None;
         self.park = self.policy.min_park;
     }
 
-    /// One idle round. `may_park` is false while operations are in flight:
-    /// many providers only progress when polled. Returns how long the worker
-    /// may sleep, or `None` to keep spinning.
-    pub(crate) fn idle(&mut self, may_park: bool) -> Option<Sleep> {
-        let now = Instant::now();
+    /// The park timeout the next sleep gets.
+    pub fn next_park(&self) -> Duration {
+        self.park
+    }
+
+    /// One round with nothing to do, at time `now`. `may_park` is false
+    /// while operations are in flight (many providers only progress when
+    /// polled): then it always says spin. Returns `None` to keep spinning,
+    /// or how long the caller may sleep.
+    pub fn idle_at(&mut self, now: Instant, may_park: bool) -> Option<Sleep> {
         let since = *self.idle_since.get_or_insert(now);
-        if !may_park || now.duration_since(since) < self.policy.spin {
-            // Yield rather than a pure spin: where threads outnumber cores
-            // (2-core machines, API threads polling flags) a spinning worker
-            // otherwise holds the core the thread it waits for needs; the
-            // bench's ping-pong went from ~500 us to tens of us with it.
-            // With a free core, sched_yield returns at once.
-            std::thread::yield_now();
+        if !may_park || now.saturating_duration_since(since) < self.policy.spin {
             return None;
         }
         let park = self.park;
@@ -108,10 +120,57 @@ impl IdleState {
     }
 }
 
-/// How long an idle worker may sleep.
-pub(crate) struct Sleep {
+/// How long an idle thread may sleep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sleep {
     /// Timed park (no wait descriptors).
-    pub(crate) park: Duration,
-    /// Block on wait descriptors.
-    pub(crate) block: Duration,
+    pub park: Duration,
+    /// Block on wait descriptors (they wake the thread earlier).
+    pub block: Duration,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy() -> IdlePolicy {
+        IdlePolicy {
+            spin: Duration::from_micros(10),
+            min_park: Duration::from_micros(1),
+            max_park: Duration::from_micros(8),
+            max_block: Duration::from_millis(3),
+        }
+    }
+
+    #[test]
+    fn spins_within_the_window_and_while_work_is_in_flight() {
+        let mut s = IdleState::new(policy());
+        let t0 = Instant::now();
+        assert_eq!(s.idle_at(t0, true), None);
+        assert_eq!(s.idle_at(t0 + Duration::from_micros(9), true), None);
+        assert_eq!(s.idle_at(t0 + Duration::from_secs(1), false), None);
+        let mut busy = IdleState::new(IdlePolicy::busy_poll());
+        assert_eq!(busy.idle_at(t0, true), None);
+        assert_eq!(busy.idle_at(t0 + Duration::from_secs(3600), true), None);
+    }
+
+    #[test]
+    fn sleeps_double_up_to_the_cap_and_reset_on_activity() {
+        let mut s = IdleState::new(policy());
+        let t0 = Instant::now();
+        assert_eq!(s.idle_at(t0, true), None);
+        let later = t0 + Duration::from_micros(10);
+        let parks: Vec<u128> = (0..6)
+            .map(|_| s.idle_at(later, true).map_or(0, |z| z.park.as_micros()))
+            .collect();
+        assert_eq!(parks, [1, 2, 4, 8, 8, 8]);
+        assert_eq!(
+            s.idle_at(later, true).map(|z| z.block),
+            Some(Duration::from_millis(3))
+        );
+        s.active();
+        assert_eq!(s.next_park(), Duration::from_micros(1));
+        // The spin window starts again at the next idle round.
+        assert_eq!(s.idle_at(later, true), None);
+    }
 }

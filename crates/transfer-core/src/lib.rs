@@ -48,7 +48,7 @@ pub use domain::{
 pub use engine::{EngineBuilder, ImmFuture, TransferEngine};
 pub use error::{Result, TransferError};
 pub use group::DomainGroup;
-pub use idle::IdlePolicy;
+pub use idle::{IdlePolicy, IdleState, Sleep};
 pub use memory::{MemoryLocation, MemorySpan, RemoteKey, RemoteNicRegion, RemoteRegion};
 pub use peer::{Peer, PeerGroup, RemoteTarget};
 pub use region::{HostBuffer, LocalRegion};

@@ -1,19 +1,14 @@
-//! The watcher thread's idle loop: transfer-core's [`IdlePolicy`] (spin,
+//! The watcher thread's idle loop: transfer-core's [`IdleState`] (spin,
 //! then park with doubling timeouts), plus parking without a timeout while
 //! nothing at all is watched: an idle watcher costs nothing, unlike
 //! fabric-lib's thread that spins forever.
-//!
-//! transfer-core keeps its own `IdleState` crate-private, so the few lines
-//! of state machine are repeated here against the public policy type.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use transfer_core::IdlePolicy;
+use transfer_core::{IdlePolicy, IdleState};
 
 pub(crate) struct IdleLoop {
-    policy: IdlePolicy,
-    idle_since: Option<Instant>,
-    park: Duration,
+    state: IdleState,
 }
 
 /// What one idle round did.
@@ -26,16 +21,13 @@ pub(crate) enum Rest {
 impl IdleLoop {
     pub(crate) fn new(policy: IdlePolicy) -> Self {
         Self {
-            policy,
-            idle_since: None,
-            park: policy.min_park,
+            state: IdleState::new(policy),
         }
     }
 
     /// Something happened: spin again from now on.
     pub(crate) fn active(&mut self) {
-        self.idle_since = None;
-        self.park = self.policy.min_park;
+        self.state.active();
     }
 
     /// One round with nothing to report. With `nothing_watched`, parks until
@@ -46,22 +38,25 @@ impl IdleLoop {
             std::thread::park();
             return Rest::Parked;
         }
-        let now = Instant::now();
-        let since = *self.idle_since.get_or_insert(now);
-        if now.duration_since(since) < self.policy.spin {
-            std::hint::spin_loop();
-            return Rest::Spun;
+        match self.state.idle_at(Instant::now(), true) {
+            // A pure spin: the watcher reads host-mapped slots that GPU
+            // kernels bump, with no thread on this machine to yield to.
+            None => {
+                std::hint::spin_loop();
+                Rest::Spun
+            }
+            Some(sleep) => {
+                std::thread::park_timeout(sleep.park);
+                Rest::Parked
+            }
         }
-        std::thread::park_timeout(self.park);
-        self.park = (self.park * 2)
-            .min(self.policy.max_park)
-            .max(self.policy.min_park);
-        Rest::Parked
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     fn policy() -> IdlePolicy {
@@ -82,17 +77,14 @@ mod tests {
     }
 
     #[test]
-    fn park_timeouts_double_up_to_the_cap_and_reset_on_activity() {
+    fn parks_once_the_window_is_over_and_activity_resets_the_timeout() {
         let mut l = IdleLoop::new(policy());
-        let mut seen = Vec::new();
-        for _ in 0..6 {
-            seen.push(l.park);
+        for _ in 0..4 {
             assert_eq!(l.idle(false), Rest::Parked);
         }
-        let us: Vec<u64> = seen.iter().map(|d| d.as_micros() as u64).collect();
-        assert_eq!(us, [1, 2, 4, 8, 8, 8]);
+        assert_eq!(l.state.next_park(), Duration::from_micros(8));
         l.active();
-        assert_eq!(l.park, Duration::from_micros(1));
+        assert_eq!(l.state.next_park(), Duration::from_micros(1));
     }
 
     #[test]
