@@ -22,7 +22,7 @@ pub const DEFAULT_PEER_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How [`crate::open_domains`] opens NICs.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Config {
+pub struct LibfabricConfig {
     /// Provider to open; `None` means [`Provider::from_env`], else EFA when
     /// present, else `tcp` (see [`crate::default_provider`]).
     pub provider: Option<Provider>,
@@ -66,7 +66,7 @@ pub struct Config {
     pub wait_fd: bool,
 }
 
-impl Default for Config {
+impl Default for LibfabricConfig {
     fn default() -> Self {
         Self {
             provider: None,
@@ -85,7 +85,7 @@ impl Default for Config {
     }
 }
 
-impl Config {
+impl LibfabricConfig {
     /// A config for `provider` with defaults elsewhere.
     pub fn new(provider: Provider) -> Self {
         Self {

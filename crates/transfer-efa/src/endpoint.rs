@@ -9,8 +9,8 @@ use transfer_core::Result;
 
 use crate::av::AddressVector;
 use crate::cq::CompletionQueue;
+use crate::devinfo::OwnedInfo;
 use crate::fabric::{FiDomain, bind_fid, close_fid, enable_fid};
-use crate::info::OwnedInfo;
 use crate::library::Library;
 use crate::sys;
 

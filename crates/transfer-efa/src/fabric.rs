@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use transfer_core::Result;
 
-use crate::info::OwnedInfo;
+use crate::devinfo::OwnedInfo;
 use crate::library::Library;
 use crate::sys;
 

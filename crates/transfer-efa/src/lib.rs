@@ -10,13 +10,25 @@
 //! error.
 //!
 //! ```no_run
-//! use transfer_efa::{Config, Provider, open_loopback_domains};
-//! let domains = open_loopback_domains(&Config::loopback(Provider::Tcp), 2)?;
+//! use transfer_efa::{LibfabricConfig, Provider, open_loopback_domains};
+//! let domains = open_loopback_domains(&LibfabricConfig::loopback(Provider::Tcp), 2)?;
 //! # Ok::<(), transfer_core::TransferError>(())
 //! ```
 //!
 //! [`LibfabricDomain`] implements [`transfer_core::Domain`]; [`raw`] is a
 //! pure-libfabric write loop for benchmark baselines.
+//!
+//! Layout, one concern per file; the files shared with transfer-verbs
+//! carry the same names: `config` ([`LibfabricConfig`]), `devinfo`
+//! (`fi_getinfo` discovery), `domain/mod.rs` (the struct, opening, `impl
+//! Domain`), `domain/data_path.rs` (posting, per-peer queues, completions),
+//! `domain/connection.rs` (connection errors, peer death, timeouts), `peer`
+//! (resolved peers), `sys` (FFI). libfabric's own: `library` (loading),
+//! `fabric`/`endpoint`/`cq`/`av`/`mr` (one object each; verbs keeps its
+//! objects in `resources`), `address` (wire address; verbs: `handshake`),
+//! `context` (operation contexts), `ops` (calls in flight), `queue`
+//! (work waiting to be posted), `bounce` (registered send slots),
+//! `provider` (names).
 
 mod address;
 mod av;
@@ -24,22 +36,25 @@ mod bounce;
 mod config;
 mod context;
 mod cq;
-mod data_path;
+mod devinfo;
 mod domain;
 mod endpoint;
 mod fabric;
-mod info;
 mod library;
 mod mr;
 mod ops;
-mod peers;
+mod peer;
 mod provider;
 mod queue;
 pub mod raw;
 mod sys;
 
 pub use address::MAX_RAW_ADDRESS;
-pub use config::{Config, DEFAULT_PEER_TIMEOUT, DEFAULT_POST_BATCH};
+pub use config::{DEFAULT_PEER_TIMEOUT, DEFAULT_POST_BATCH, LibfabricConfig};
+
+/// The earlier name of [`LibfabricConfig`] (now named like
+/// `transfer_verbs::VerbsConfig`), kept so that dependents still compile.
+pub type Config = LibfabricConfig;
 pub use domain::{
     LibfabricDomain, default_provider, open_domains, open_domains_with, open_loopback_domains,
 };

@@ -5,10 +5,10 @@
 
 use transfer_core::conformance::Harness;
 use transfer_core::{Result, TransferEngine};
-use transfer_efa::{Config, Library, Provider, open_loopback_domains};
+use transfer_efa::{LibfabricConfig, Library, Provider, open_loopback_domains};
 
 struct LibfabricHarness {
-    config: Config,
+    config: LibfabricConfig,
 }
 
 impl Harness for LibfabricHarness {
@@ -31,7 +31,7 @@ fn harness(provider: Provider) -> Option<LibfabricHarness> {
         transfer_core::testing::skip_or_fail(&name, e);
         return None;
     }
-    let config = Config::loopback(provider);
+    let config = LibfabricConfig::loopback(provider);
     if let Err(e) = open_loopback_domains(&config, 1) {
         transfer_core::testing::skip_or_fail(&name, format!("cannot open a domain: {e}"));
         return None;

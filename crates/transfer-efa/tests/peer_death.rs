@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use common::{Buf, Seen, complete, open_with};
 use transfer_core::{Domain, DomainEvent, NicAddress, OpToken, TransferError};
-use transfer_efa::{Config, Provider};
+use transfer_efa::{LibfabricConfig, Provider};
 
-fn cfg() -> Config {
-    Config::loopback(Provider::Tcp).with_peer_timeout(Duration::from_millis(300))
+fn cfg() -> LibfabricConfig {
+    LibfabricConfig::loopback(Provider::Tcp).with_peer_timeout(Duration::from_millis(300))
 }
 
 /// The TCP port inside one of our tcp NIC addresses (sockaddr_in after the
@@ -131,7 +131,8 @@ fn restarted_peer_at_same_address() {
 /// silent peer's are still pending (they can only end by the timeout).
 #[test]
 fn silent_peer_does_not_block_others() {
-    let config = Config::loopback(Provider::Tcp).with_peer_timeout(Duration::from_secs(30));
+    let config =
+        LibfabricConfig::loopback(Provider::Tcp).with_peer_timeout(Duration::from_secs(30));
     let Some(mut d) = open_with(config, 3) else {
         return;
     };
@@ -175,7 +176,8 @@ fn silent_peer_does_not_block_others() {
 /// timeout.
 #[test]
 fn stuck_peer_with_a_full_send_queue_holds_only_itself() {
-    let config = Config::loopback(Provider::Tcp).with_peer_timeout(Duration::from_secs(40));
+    let config =
+        LibfabricConfig::loopback(Provider::Tcp).with_peer_timeout(Duration::from_secs(40));
     let Some(mut d) = open_with(config, 3) else {
         return;
     };

@@ -104,10 +104,10 @@ fn measure_4mib() {
 #[test]
 #[ignore = "measurement; run with --ignored --nocapture"]
 fn measure_post_batch() {
-    use transfer_efa::Config;
+    use transfer_efa::LibfabricConfig;
     for p in [Provider::Tcp, Provider::Shm] {
         for batch in [1usize, 8, 32, 128] {
-            let cfg = Config::loopback(p.clone()).with_post_batch(batch);
+            let cfg = LibfabricConfig::loopback(p.clone()).with_post_batch(batch);
             let Some(mut d) = common::open_with(cfg, 2) else {
                 return;
             };

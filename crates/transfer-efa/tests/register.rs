@@ -5,7 +5,7 @@
 mod common;
 
 use transfer_core::{Domain, MemoryLocation, MemorySpan, TransferError};
-use transfer_efa::{Config, Provider};
+use transfer_efa::{LibfabricConfig, Provider};
 
 fn span(buf: &mut [u8], location: MemoryLocation) -> MemorySpan {
     MemorySpan {
@@ -41,7 +41,7 @@ fn device_memory_rules() {
     // With FI_HMEM asked for: either no provider offers it here, or the
     // registration of (fake) CUDA memory fails cleanly on a build without
     // CUDA support, or it works on a real one.
-    match common::try_open_with(Config::loopback(Provider::Tcp).with_hmem(true), 1) {
+    match common::try_open_with(LibfabricConfig::loopback(Provider::Tcp).with_hmem(true), 1) {
         Err(e) => eprintln!("tcp with FI_HMEM does not open here: {e}"),
         Ok(mut h) => {
             let r = h[0].register(span(&mut buf, MemoryLocation::Cuda { device: 0 }));

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::{Buf, Seen, complete, drive, open, open_with};
 use transfer_core::{Domain, NicAddress, OpToken, RecvToken, RemoteKey, TransferError};
-use transfer_efa::{Config, Provider};
+use transfer_efa::{LibfabricConfig, Provider};
 
 fn pattern(i: usize) -> u8 {
     (i.wrapping_mul(31) ^ (i >> 8)) as u8
@@ -76,7 +76,7 @@ fn zero_byte_imm(p: Provider) {
 }
 
 fn batches(p: Provider) {
-    let Some(mut d) = open_with(Config::loopback(p).with_post_batch(8), 2) else {
+    let Some(mut d) = open_with(LibfabricConfig::loopback(p).with_post_batch(8), 2) else {
         return;
     };
     let (a, b) = d.split_at_mut(1);
@@ -171,7 +171,7 @@ fn bad_remote_access(p: Provider) {
     // udp;ofi_rxd and shm never complete a refused write (measured, with
     // and without delivery-complete): only the peer timeout ends it, so
     // keep it short there.
-    let mut cfg = Config::loopback(p.clone());
+    let mut cfg = LibfabricConfig::loopback(p.clone());
     let wedges = matches!(p, Provider::Udp | Provider::Shm);
     if wedges {
         cfg = cfg.with_peer_timeout(Duration::from_secs(2));
@@ -299,7 +299,7 @@ fn multi_domain(p: Provider) {
 }
 
 fn dead_peer(p: Provider) {
-    let cfg = Config::loopback(p.clone()).with_peer_timeout(Duration::from_millis(300));
+    let cfg = LibfabricConfig::loopback(p.clone()).with_peer_timeout(Duration::from_millis(300));
     let Some(mut d) = open_with(cfg, 2) else {
         return;
     };

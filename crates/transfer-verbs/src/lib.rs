@@ -4,11 +4,15 @@
 //! loaded at run time (`libibverbs.so.1`; no build-time dependency, a
 //! missing library is [`transfer_core::TransferError::LibraryMissing`]).
 //!
-//! Layout, one concern per file: `sys` (FFI), `resources` (owned verbs
-//! objects), `devinfo` (discovery, GID/port selection), `config`,
-//! `handshake` (wire formats), `qp` (state transitions), `ud` (handshake
-//! endpoint), `rdma_op` (work requests and chains), `peer` (connection
-//! state), `error` (error mapping), `domain` (the `Domain`).
+//! Layout, one concern per file; the files shared with transfer-efa carry
+//! the same names: `config` ([`VerbsConfig`]), `devinfo` (discovery,
+//! GID/port selection), `domain/mod.rs` (the struct, opening, `impl
+//! Domain`), `domain/data_path.rs` (queueing, posting chains, completions),
+//! `domain/connection.rs` (QPs, handshake applied, reconnection), `peer`
+//! (connection state), `sys` (FFI). Verbs' own: `resources` (owned verbs
+//! objects), `handshake` (wire formats), `qp` (state transitions), `ud`
+//! (handshake endpoint), `rdma_op` (work requests and chains), `error`
+//! (error mapping).
 
 pub mod config;
 pub mod devinfo;

@@ -7,7 +7,7 @@ use transfer_core::{
     Domain, DomainEvent, DomainMr, MemoryLocation, MemorySpan, OpToken, PeerId, RemoteNicRegion,
     Result, WriteOp,
 };
-use transfer_efa::{Config, LibfabricDomain, Library, Provider, open_loopback_domains};
+use transfer_efa::{LibfabricConfig, LibfabricDomain, Library, Provider, open_loopback_domains};
 
 /// Failure guard only (never a timed assertion).
 pub const GUARD: Duration = Duration::from_secs(60);
@@ -15,11 +15,11 @@ pub const GUARD: Duration = Duration::from_secs(60);
 /// Opens `n` loopback domains, or explains why the test is skipped (a
 /// failure instead when `TRANSFER_REQUIRE` names the provider).
 pub fn open(provider: Provider, n: usize) -> Option<Vec<LibfabricDomain>> {
-    open_with(Config::loopback(provider), n)
+    open_with(LibfabricConfig::loopback(provider), n)
 }
 
 /// As [`open`] with a config.
-pub fn open_with(config: Config, n: usize) -> Option<Vec<LibfabricDomain>> {
+pub fn open_with(config: LibfabricConfig, n: usize) -> Option<Vec<LibfabricDomain>> {
     let provider = provider_name(&config);
     match try_open_with(config, n) {
         Ok(d) => Some(d),
@@ -33,7 +33,7 @@ pub fn open_with(config: Config, n: usize) -> Option<Vec<LibfabricDomain>> {
 /// As [`open_with`], for configurations that may legitimately not open
 /// (e.g. FI_HMEM asked of a provider without it): the reason, never a failure.
 pub fn try_open_with(
-    config: Config,
+    config: LibfabricConfig,
     n: usize,
 ) -> std::result::Result<Vec<LibfabricDomain>, String> {
     if let Err(e) = Library::load() {
@@ -44,7 +44,7 @@ pub fn try_open_with(
 }
 
 /// The provider a config asks for, as `TRANSFER_REQUIRE` names it.
-fn provider_name(config: &Config) -> String {
+fn provider_name(config: &LibfabricConfig) -> String {
     config
         .provider
         .as_ref()

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use transfer_core::{Result, TransferError};
 
-use crate::config::Config;
+use crate::config::LibfabricConfig;
 use crate::library::Library;
 use crate::provider::Provider;
 use crate::sys;
@@ -178,7 +178,7 @@ impl Hints {
     fn new(
         lib: &Arc<Library>,
         provider: &Provider,
-        config: &Config,
+        config: &LibfabricConfig,
         virt_addr: bool,
     ) -> Result<Self> {
         // SAFETY: fi_dupinfo(NULL) is fi_allocinfo: a zeroed fi_info with
@@ -249,7 +249,7 @@ impl Hints {
 pub(crate) fn get_info(
     lib: &Arc<Library>,
     provider: &Provider,
-    config: &Config,
+    config: &LibfabricConfig,
 ) -> Result<Vec<OwnedInfo>> {
     match get_info_pass(lib, provider, config, false) {
         Ok(v) => Ok(v),
@@ -263,7 +263,7 @@ pub(crate) fn get_info(
 fn get_info_pass(
     lib: &Arc<Library>,
     provider: &Provider,
-    config: &Config,
+    config: &LibfabricConfig,
     virt_addr: bool,
 ) -> Result<Vec<OwnedInfo>> {
     let hints = Hints::new(lib, provider, config, virt_addr)?;
@@ -352,5 +352,5 @@ fn usable(info: &OwnedInfo) -> bool {
 
 /// Whether `provider` has at least one usable entry on this machine.
 pub(crate) fn provider_available(lib: &Arc<Library>, provider: &Provider) -> bool {
-    get_info(lib, provider, &Config::default()).is_ok()
+    get_info(lib, provider, &LibfabricConfig::default()).is_ok()
 }

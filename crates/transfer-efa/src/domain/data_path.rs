@@ -1,10 +1,10 @@
-//! `impl transfer_core::Domain for LibfabricDomain`: registration, peers,
-//! posting with backpressure, completion processing and peer death.
+//! Data path of [`super::LibfabricDomain`]: posting with backpressure,
+//! the per-peer queues, reading the completion queue.
 //!
 //! Posting policy (as fabric-lib on EFA): each submit call posts one
 //! operation eagerly, so a lone request starts at once; the rest wait in
 //! per-peer queues ([`crate::queue`]), drained by up to
-//! [`crate::Config::post_batch`] posts per poll pass, peers taking turns.
+//! [`crate::LibfabricConfig::post_batch`] posts per poll pass, peers taking turns.
 //! `-FI_EAGAIN` puts the operation back at its peer's head and ends that
 //! peer's pass: nothing is ever dropped. A peer may have at most half the
 //! send queue posted, so one that stopped answering cannot take the whole
@@ -12,21 +12,16 @@
 
 use std::time::{Duration, Instant};
 
-use transfer_core::{
-    BackendKind, Domain, DomainEvent, DomainInfo, DomainMr, MemoryLocation, MemorySpan, NicAddress,
-    OpToken, Ordering, PeerId, RecvToken, Registration, RemoteKey, RemoteNicRegion, Result,
-    TransferError, WriteOp,
-};
+use transfer_core::{BackendKind, DomainEvent, OpToken, PeerId, Result, TransferError, WriteOp};
 
-use crate::address;
+use super::{LibfabricDomain, Pending, PendingRecv};
 use crate::context::{SendPayload, SlotKind};
 use crate::cq::CqRead;
-use crate::domain::{LibfabricDomain, Pending, PendingRecv};
 use crate::mr::MemoryRegistration;
 use crate::sys;
 
 /// Why a post did not happen.
-enum PostError {
+pub(super) enum PostError {
     /// The provider's queue is full: retry on a later poll.
     Again,
     /// The operation failed for good.
@@ -38,22 +33,6 @@ const RETRY_DELAY: Duration = Duration::from_millis(20);
 
 /// CQ reads per poll pass (each up to 64 entries), so one pass is bounded.
 const CQ_READS_PER_POLL: usize = 8;
-
-/// Error codes that mean the peer cannot be reached any more.
-fn is_connection_error(code: i32) -> bool {
-    [
-        libc::ECONNREFUSED,
-        libc::ECONNRESET,
-        libc::ECONNABORTED,
-        libc::EHOSTUNREACH,
-        libc::EHOSTDOWN,
-        libc::ENETUNREACH,
-        libc::ETIMEDOUT,
-        libc::ENOTCONN,
-        libc::EPIPE,
-    ]
-    .contains(&code)
-}
 
 impl LibfabricDomain {
     fn eagain(ret: isize) -> bool {
@@ -203,7 +182,7 @@ impl LibfabricDomain {
         }
     }
 
-    fn post_recv_now(&mut self, r: &PendingRecv) -> Result<(), PostError> {
+    pub(super) fn post_recv_now(&mut self, r: &PendingRecv) -> Result<(), PostError> {
         const CALL: &str = "fi_recv";
         let desc = self
             .mrs
@@ -238,7 +217,7 @@ impl LibfabricDomain {
     /// these providers, so a peer that learned one key must not be able to
     /// name the others. (Falls back to the counter only if the OS cannot
     /// give randomness.) Keys below `next_key` stay for local slabs.
-    fn take_key(&mut self) -> u64 {
+    pub(super) fn take_key(&mut self) -> u64 {
         let mut b = [0u8; 8];
         let random = getrandom::getrandom(&mut b)
             .ok()
@@ -303,7 +282,7 @@ impl LibfabricDomain {
     /// Posts new work at once (so a lone request starts without waiting for
     /// a poll) unless it must queue: its peer already has work waiting
     /// (which goes first), is at its cap, or the provider says EAGAIN.
-    fn post_or_queue(&mut self, p: Pending) {
+    pub(super) fn post_or_queue(&mut self, p: Pending) {
         if self.queue.has(p.peer()) || self.held_back(&p) {
             return self.queue.push_back(p);
         }
@@ -313,7 +292,7 @@ impl LibfabricDomain {
     }
 
     /// Posts queued work, up to `limit` items.
-    fn drain_queue(&mut self, limit: usize) {
+    pub(super) fn drain_queue(&mut self, limit: usize) {
         if !self.retries.is_empty() {
             let now = Instant::now();
             let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.retries)
@@ -487,125 +466,7 @@ impl LibfabricDomain {
         self.last_completion = Instant::now();
     }
 
-    /// Counts a connection error against `peer`, killing it when
-    /// [`crate::peers::Peers::strike`] says so. Returns whether `e` was a
-    /// connection error.
-    fn connection_error(
-        &mut self,
-        peer: PeerId,
-        e: &sys::fi_cq_err_entry,
-        message: &str,
-        call: &str,
-    ) -> bool {
-        if !(is_connection_error(e.err) || is_connection_error(e.prov_errno)) {
-            // Any other error (e.g. a refused key) is an answer: the peer lives.
-            self.peers.success(peer);
-            return false;
-        }
-        let refused = e.err == libc::ECONNREFUSED || e.prov_errno == libc::ECONNREFUSED;
-        if self.peers.strike(peer, refused) {
-            self.kill_peer(peer, format!("{call}: {message}"));
-        } else {
-            self.reset_connection(peer);
-        }
-        true
-    }
-
-    /// Replaces a peer's AV entry with a fresh one: connection-oriented
-    /// providers (tcp;ofi_rxm) drop the broken connection with the old
-    /// entry and connect anew on the next operation.
-    fn reset_connection(&mut self, peer: PeerId) {
-        let Some((raw, old)) = self.peers.entry(peer) else {
-            return;
-        };
-        let _ = self.av.remove(old);
-        match self.av.insert(&raw) {
-            Ok(new) => self.peers.set_fi_addr(peer, new),
-            Err(e) => self.kill_peer(peer, format!("reconnect: {e}")),
-        }
-    }
-
-    /// Marks a peer dead and fails every call with work posted to it.
-    fn kill_peer(&mut self, peer: PeerId, reason: String) {
-        if self.peers.is_dead(peer) {
-            return;
-        }
-        self.peers.mark_dead(peer, reason.clone());
-        let ops: Vec<u64> = self
-            .slots
-            .posted()
-            .filter_map(|k| match k {
-                SlotKind::Write { op, peer: p, .. } | SlotKind::Send { op, peer: p, .. }
-                    if *p == peer =>
-                {
-                    Some(*op)
-                }
-                _ => None,
-            })
-            .collect();
-        for op in ops {
-            let err = TransferError::PeerUnreachable {
-                call: "libfabric transfer",
-                reason: reason.clone(),
-            };
-            if let Some(ev) = self.ops.abort(op, err) {
-                self.ready.push(ev);
-            }
-        }
-    }
-
-    fn check_timeouts(&mut self) {
-        let now = Instant::now();
-        let limit = self.config.peer_timeout;
-        let every = (limit / 8).min(Duration::from_millis(50));
-        if now.saturating_duration_since(self.last_timeout_check) < every || self.ops.is_empty() {
-            return;
-        }
-        self.last_timeout_check = now;
-        let millis = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX);
-        for id in self.ops.overdue(now, limit, self.last_completion) {
-            // Peers with work of this call in flight, or, when nothing of it
-            // could be posted while the domain made no progress at all, the
-            // peers it waits for in the queue.
-            let mut peers: Vec<PeerId> = self
-                .slots
-                .posted()
-                .filter_map(|k| match k {
-                    SlotKind::Write { op, peer, .. } | SlotKind::Send { op, peer, .. }
-                        if *op == id =>
-                    {
-                        Some(*peer)
-                    }
-                    _ => None,
-                })
-                .collect();
-            if peers.is_empty() {
-                peers = self
-                    .queue
-                    .iter()
-                    .filter_map(|p| match p {
-                        Pending::Write { op, write, .. } if *op == id => Some(write.peer),
-                        Pending::Send { op, peer, .. } if *op == id => Some(*peer),
-                        _ => None,
-                    })
-                    .collect();
-            }
-            peers.sort_unstable_by_key(|p| p.0);
-            peers.dedup();
-            let err = TransferError::Timeout {
-                call: "libfabric transfer",
-                millis,
-            };
-            if let Some(ev) = self.ops.abort(id, err) {
-                self.ready.push(ev);
-            }
-            for p in peers {
-                self.kill_peer(p, format!("no completion within {millis} ms"));
-            }
-        }
-    }
-
-    fn read_cq(&mut self) {
+    pub(super) fn read_cq(&mut self) {
         let mut buf = std::mem::take(&mut self.cq_buf);
         for _ in 0..CQ_READS_PER_POLL {
             match self.cq.read(&mut buf) {
@@ -628,14 +489,14 @@ impl LibfabricDomain {
         self.cq_buf = buf;
     }
 
-    fn fail_now(&mut self, op: OpToken, error: TransferError) {
+    pub(super) fn fail_now(&mut self, op: OpToken, error: TransferError) {
         self.ready.push(DomainEvent::Completed {
             op,
             result: Err(error),
         });
     }
 
-    fn check_write(&self, w: &WriteOp) -> Result<()> {
+    pub(super) fn check_write(&self, w: &WriteOp) -> Result<()> {
         const CALL: &str = "submit_writes";
         self.peers.fi_addr(CALL, w.peer)?;
         let mr = self
@@ -661,221 +522,5 @@ impl LibfabricDomain {
             ));
         }
         Ok(())
-    }
-}
-
-impl Domain for LibfabricDomain {
-    fn backend(&self) -> BackendKind {
-        BackendKind::Libfabric
-    }
-
-    fn info(&self) -> DomainInfo {
-        DomainInfo {
-            name: self.info.domain_name(),
-            provider: self.info.provider_name(),
-            link_speed_bps: self.info.link_speed_bps(),
-            numa_node: None,
-            // tcp, shm and udp deliver in order on one connection, but EFA
-            // (SRD) does not, and rxm may spread a peer over several
-            // connections after a reconnect; the engine is correct either
-            // way, so never promise order.
-            ordering: Ordering::Unordered,
-            max_write_size: self.max_write,
-        }
-    }
-
-    fn address(&self) -> NicAddress {
-        self.address.clone()
-    }
-
-    fn register(&mut self, span: MemorySpan) -> Result<Registration> {
-        const CALL: &str = "register";
-        if span.ptr.is_null() || span.len == 0 {
-            return Err(TransferError::invalid(CALL, "empty span"));
-        }
-        if let MemoryLocation::Cuda { .. } = span.location {
-            if !self.config.hmem {
-                return Err(TransferError::invalid(
-                    CALL,
-                    "device memory needs a domain opened with Config::hmem (FI_HMEM)",
-                ));
-            }
-        }
-        let key = if self.mr_mode & sys::FI_MR_PROV_KEY != 0 {
-            0
-        } else {
-            self.take_key()
-        };
-        let ep = (self.mr_mode & sys::FI_MR_ENDPOINT != 0).then_some(&self.ep);
-        let mr = match span.location {
-            MemoryLocation::Host => {
-                MemoryRegistration::register(&self.domain, span.ptr, span.len, key, ep)?
-            }
-            // dma-buf registration (FI_MR_DMABUF) arrived after libfabric
-            // 1.17; `span.dmabuf_fd` is not used yet.
-            MemoryLocation::Cuda { device } => MemoryRegistration::register_cuda(
-                &self.domain,
-                span.ptr,
-                span.len,
-                device,
-                key,
-                ep,
-            )?,
-        };
-        let remote = RemoteNicRegion {
-            base: if self.virt_addr() { span.ptr as u64 } else { 0 },
-            key: RemoteKey(mr.key()),
-        };
-        self.next_mr += 1;
-        let id = DomainMr(self.next_mr);
-        self.mrs.insert(id.0, mr);
-        Ok(Registration { mr: id, remote })
-    }
-
-    fn unregister(&mut self, mr: DomainMr) -> Result<()> {
-        // A call failed by timeout or a dead peer may still have writes
-        // posted (libfabric cannot cancel them) or queued: the provider may
-        // read this memory until they come back, so the region stays.
-        let posted = self
-            .slots
-            .posted()
-            .filter(|k| matches!(k, SlotKind::Write { write, .. } if write.local_mr == mr))
-            .count();
-        let queued = self
-            .queue
-            .iter()
-            .filter(|p| matches!(p, Pending::Write { write, .. } if write.local_mr == mr))
-            .count();
-        if posted + queued > 0 {
-            return Err(TransferError::RegionBusy {
-                in_flight: posted + queued,
-            });
-        }
-        self.mrs
-            .remove(&mr.0)
-            .map(drop)
-            .ok_or(TransferError::RegionUnregistered { call: "unregister" })
-    }
-
-    fn resolve_peer(&mut self, addr: &NicAddress) -> Result<PeerId> {
-        let raw = address::decode(&self.format, addr)?;
-        if let Some(id) = self.peers.cached(raw) {
-            return Ok(id);
-        }
-        let fi_addr = self.av.insert(raw)?;
-        Ok(self.peers.add(raw, fi_addr))
-    }
-
-    fn remove_peer(&mut self, peer: PeerId) {
-        if let Some(fi_addr) = self.peers.remove(peer) {
-            // A failed removal leaves a stale AV entry nobody refers to.
-            let _ = self.av.remove(fi_addr);
-        }
-    }
-
-    fn post_recv(
-        &mut self,
-        token: RecvToken,
-        mr: DomainMr,
-        buf: *mut u8,
-        len: usize,
-    ) -> Result<()> {
-        const CALL: &str = "post_recv";
-        let reg = self
-            .mrs
-            .get(&mr.0)
-            .ok_or(TransferError::RegionUnregistered { call: CALL })?;
-        if !reg.contains(buf as usize, len) {
-            return Err(TransferError::invalid(
-                CALL,
-                "receive buffer lies outside its registration",
-            ));
-        }
-        let r = PendingRecv {
-            token,
-            mr,
-            buf,
-            len,
-        };
-        match self.post_recv_now(&r) {
-            Ok(()) => Ok(()),
-            Err(PostError::Again) => {
-                self.recv_queue.push_back(r);
-                Ok(())
-            }
-            Err(PostError::Fail(e)) => Err(e),
-        }
-    }
-
-    fn submit_send(&mut self, op: OpToken, peer: PeerId, data: Vec<u8>) {
-        const CALL: &str = "submit_send";
-        if let Err(e) = self.peers.fi_addr(CALL, peer) {
-            return self.fail_now(op, e);
-        }
-        if data.len() as u64 > self.max_write {
-            return self.fail_now(
-                op,
-                TransferError::invalid(CALL, "message exceeds the provider's maximum"),
-            );
-        }
-        let id = self.ops.start(op, 1, Instant::now());
-        self.post_or_queue(Pending::Send { op: id, peer, data });
-    }
-
-    fn submit_writes(&mut self, op: OpToken, writes: &[WriteOp]) {
-        if writes.is_empty() {
-            self.ready
-                .push(DomainEvent::Completed { op, result: Ok(()) });
-            return;
-        }
-        if let Some(e) = writes.iter().find_map(|w| self.check_write(w).err()) {
-            return self.fail_now(op, e);
-        }
-        let id = self.ops.start(op, writes.len(), Instant::now());
-        let mut iter = writes.iter();
-        if let Some(first) = iter.next() {
-            let eager = Pending::Write {
-                op: id,
-                write: *first,
-                retried: false,
-            };
-            self.post_or_queue(eager);
-        }
-        for w in iter {
-            self.queue.push_back(Pending::Write {
-                op: id,
-                write: *w,
-                retried: false,
-            });
-        }
-    }
-
-    fn poll(&mut self, events: &mut Vec<DomainEvent>) {
-        self.read_cq();
-        self.drain_queue(self.config.post_batch.max(1));
-        self.check_timeouts();
-        events.append(&mut self.ready);
-    }
-
-    fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
-        self.cq.wait_fd
-    }
-
-    fn prepare_wait(&mut self) -> bool {
-        // fi_trywait only on a CQ with a wait object (1.17 shm crashes in
-        // fi_trywait on one without).
-        self.cq.wait_fd.is_some()
-            && self.ready.is_empty()
-            && self.queue.is_empty()
-            && self.retries.is_empty()
-            && self.recv_queue.is_empty()
-            && self.fabric.trywait(self.cq.ptr)
-    }
-
-    fn has_pending(&self) -> bool {
-        !self.ops.is_empty()
-            || !self.queue.is_empty()
-            || !self.retries.is_empty()
-            || !self.ready.is_empty()
     }
 }

@@ -1,5 +1,7 @@
 //! [`LibfabricDomain`]: one NIC (one `fi_info` entry) opened for the engine,
-//! and the functions that open them.
+//! the functions that open them, and its `impl Domain`. The data path is in
+//! `data_path.rs`, connection errors, peer death and timeouts in
+//! `connection.rs` (the same split as transfer-verbs' `domain/`).
 //!
 //! # Remote CQ data and posted receives
 //! Providers with the FI_RX_CQ_DATA mode consume a posted receive for
@@ -11,26 +13,35 @@
 //! engine) and immediates apart: a dedicated pool of small receives would
 //! otherwise also catch messages, which untagged matching cannot prevent.
 
+mod connection;
+mod data_path;
+
+use data_path::PostError;
+
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::time::Instant;
 
-use transfer_core::{DomainEvent, DomainMr, NicAddress, RecvToken, Result, WriteOp};
+use transfer_core::{
+    BackendKind, Domain, DomainEvent, DomainInfo, DomainMr, MemoryLocation, MemorySpan, NicAddress,
+    OpToken, Ordering, PeerId, RecvToken, Registration, RemoteKey, RemoteNicRegion, Result,
+    TransferError, WriteOp,
+};
 
 use crate::address::{self, AddressFormat};
 use crate::av::AddressVector;
 use crate::bounce::BounceSlab;
-use crate::config::Config;
-use crate::context::SlotPool;
+use crate::config::LibfabricConfig;
+use crate::context::{SlotKind, SlotPool};
 use crate::cq::CompletionQueue;
+use crate::devinfo::{self, OwnedInfo};
 use crate::endpoint::Endpoint;
 use crate::fabric::{Fabric, FiDomain};
-use crate::info::{self, OwnedInfo};
 use crate::library::Library;
 use crate::mr::MemoryRegistration;
 use crate::ops::Ops;
-use crate::peers::Peers;
+use crate::peer::Peers;
 use crate::provider::Provider;
 use crate::queue::PeerQueues;
 use crate::sys;
@@ -92,7 +103,7 @@ pub struct LibfabricDomain {
     pub(crate) info: OwnedInfo,
     pub(crate) lib: Arc<Library>,
 
-    pub(crate) config: Config,
+    pub(crate) config: LibfabricConfig,
     pub(crate) mr_mode: i32,
     pub(crate) format: AddressFormat,
     pub(crate) address: NicAddress,
@@ -175,14 +186,14 @@ pub fn default_provider(lib: &Arc<Library>) -> Provider {
     if let Some(p) = Provider::from_env() {
         return p;
     }
-    if info::provider_available(lib, &Provider::Efa) {
+    if devinfo::provider_available(lib, &Provider::Efa) {
         Provider::Efa
     } else {
         Provider::Tcp
     }
 }
 
-fn provider_of(lib: &Arc<Library>, config: &Config) -> Provider {
+fn provider_of(lib: &Arc<Library>, config: &LibfabricConfig) -> Provider {
     config
         .provider
         .clone()
@@ -191,15 +202,18 @@ fn provider_of(lib: &Arc<Library>, config: &Config) -> Provider {
 
 /// Opens one [`LibfabricDomain`] per NIC (distinct `fi_info` domain) the
 /// provider offers.
-pub fn open_domains(config: &Config) -> Result<Vec<LibfabricDomain>> {
+pub fn open_domains(config: &LibfabricConfig) -> Result<Vec<LibfabricDomain>> {
     let lib = Library::load()?;
     open_domains_with(&lib, config)
 }
 
 /// [`open_domains`] with an already loaded library.
-pub fn open_domains_with(lib: &Arc<Library>, config: &Config) -> Result<Vec<LibfabricDomain>> {
+pub fn open_domains_with(
+    lib: &Arc<Library>,
+    config: &LibfabricConfig,
+) -> Result<Vec<LibfabricDomain>> {
     let provider = provider_of(lib, config);
-    info::get_info(lib, &provider, config)?
+    devinfo::get_info(lib, &provider, config)?
         .into_iter()
         .map(|info| LibfabricDomain::open(info, config))
         .collect()
@@ -208,14 +222,14 @@ pub fn open_domains_with(lib: &Arc<Library>, config: &Config) -> Result<Vec<Libf
 /// Opens `n` independent domains (each its own fabric, domain and
 /// endpoint) on the first NIC of the provider: on tcp or shm one NIC is one
 /// domain, so this is how tests and single-host benchmarks get N real
-/// endpoints for multi-domain sharding. Use [`Config::loopback`] to stay on
+/// endpoints for multi-domain sharding. Use [`LibfabricConfig::loopback`] to stay on
 /// `127.0.0.1`.
-pub fn open_loopback_domains(config: &Config, n: usize) -> Result<Vec<LibfabricDomain>> {
+pub fn open_loopback_domains(config: &LibfabricConfig, n: usize) -> Result<Vec<LibfabricDomain>> {
     let lib = Library::load()?;
     let provider = provider_of(&lib, config);
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
-        let info = info::get_info(&lib, &provider, config)?
+        let info = devinfo::get_info(&lib, &provider, config)?
             .into_iter()
             .next()
             .ok_or_else(|| {
@@ -227,7 +241,7 @@ pub fn open_loopback_domains(config: &Config, n: usize) -> Result<Vec<LibfabricD
 }
 
 impl LibfabricDomain {
-    pub(crate) fn open(mut info: OwnedInfo, config: &Config) -> Result<Self> {
+    pub(crate) fn open(mut info: OwnedInfo, config: &LibfabricConfig) -> Result<Self> {
         if info.provider_name() == "shm" && info.addr_format() == sys::FI_ADDR_STR {
             // shm derives the endpoint's name from the source address plus
             // a counter it restarts, which collides with the endpoints our
@@ -354,7 +368,7 @@ impl LibfabricDomain {
 
     /// Whether writes use FI_DELIVERY_COMPLETE, so that a write refused by
     /// the target (wrong key, out of range) completes with an error; see
-    /// [`Config::delivery_complete`].
+    /// [`LibfabricConfig::delivery_complete`].
     pub fn reports_remote_errors(&self) -> bool {
         self.write_flags & sys::FI_DELIVERY_COMPLETE != 0
     }
@@ -362,5 +376,221 @@ impl LibfabricDomain {
     /// Number of submit calls in flight.
     pub fn ops_in_flight(&self) -> usize {
         self.ops.len()
+    }
+}
+
+impl Domain for LibfabricDomain {
+    fn backend(&self) -> BackendKind {
+        BackendKind::Libfabric
+    }
+
+    fn info(&self) -> DomainInfo {
+        DomainInfo {
+            name: self.info.domain_name(),
+            provider: self.info.provider_name(),
+            link_speed_bps: self.info.link_speed_bps(),
+            numa_node: None,
+            // tcp, shm and udp deliver in order on one connection, but EFA
+            // (SRD) does not, and rxm may spread a peer over several
+            // connections after a reconnect; the engine is correct either
+            // way, so never promise order.
+            ordering: Ordering::Unordered,
+            max_write_size: self.max_write,
+        }
+    }
+
+    fn address(&self) -> NicAddress {
+        self.address.clone()
+    }
+
+    fn register(&mut self, span: MemorySpan) -> Result<Registration> {
+        const CALL: &str = "register";
+        if span.ptr.is_null() || span.len == 0 {
+            return Err(TransferError::invalid(CALL, "empty span"));
+        }
+        if let MemoryLocation::Cuda { .. } = span.location {
+            if !self.config.hmem {
+                return Err(TransferError::invalid(
+                    CALL,
+                    "device memory needs a domain opened with LibfabricConfig::hmem (FI_HMEM)",
+                ));
+            }
+        }
+        let key = if self.mr_mode & sys::FI_MR_PROV_KEY != 0 {
+            0
+        } else {
+            self.take_key()
+        };
+        let ep = (self.mr_mode & sys::FI_MR_ENDPOINT != 0).then_some(&self.ep);
+        let mr = match span.location {
+            MemoryLocation::Host => {
+                MemoryRegistration::register(&self.domain, span.ptr, span.len, key, ep)?
+            }
+            // dma-buf registration (FI_MR_DMABUF) arrived after libfabric
+            // 1.17; `span.dmabuf_fd` is not used yet.
+            MemoryLocation::Cuda { device } => MemoryRegistration::register_cuda(
+                &self.domain,
+                span.ptr,
+                span.len,
+                device,
+                key,
+                ep,
+            )?,
+        };
+        let remote = RemoteNicRegion {
+            base: if self.virt_addr() { span.ptr as u64 } else { 0 },
+            key: RemoteKey(mr.key()),
+        };
+        self.next_mr += 1;
+        let id = DomainMr(self.next_mr);
+        self.mrs.insert(id.0, mr);
+        Ok(Registration { mr: id, remote })
+    }
+
+    fn unregister(&mut self, mr: DomainMr) -> Result<()> {
+        // A call failed by timeout or a dead peer may still have writes
+        // posted (libfabric cannot cancel them) or queued: the provider may
+        // read this memory until they come back, so the region stays.
+        let posted = self
+            .slots
+            .posted()
+            .filter(|k| matches!(k, SlotKind::Write { write, .. } if write.local_mr == mr))
+            .count();
+        let queued = self
+            .queue
+            .iter()
+            .filter(|p| matches!(p, Pending::Write { write, .. } if write.local_mr == mr))
+            .count();
+        if posted + queued > 0 {
+            return Err(TransferError::RegionBusy {
+                in_flight: posted + queued,
+            });
+        }
+        self.mrs
+            .remove(&mr.0)
+            .map(drop)
+            .ok_or(TransferError::RegionUnregistered { call: "unregister" })
+    }
+
+    fn resolve_peer(&mut self, addr: &NicAddress) -> Result<PeerId> {
+        let raw = address::decode(&self.format, addr)?;
+        if let Some(id) = self.peers.cached(raw) {
+            return Ok(id);
+        }
+        let fi_addr = self.av.insert(raw)?;
+        Ok(self.peers.add(raw, fi_addr))
+    }
+
+    fn remove_peer(&mut self, peer: PeerId) {
+        if let Some(fi_addr) = self.peers.remove(peer) {
+            // A failed removal leaves a stale AV entry nobody refers to.
+            let _ = self.av.remove(fi_addr);
+        }
+    }
+
+    fn post_recv(
+        &mut self,
+        token: RecvToken,
+        mr: DomainMr,
+        buf: *mut u8,
+        len: usize,
+    ) -> Result<()> {
+        const CALL: &str = "post_recv";
+        let reg = self
+            .mrs
+            .get(&mr.0)
+            .ok_or(TransferError::RegionUnregistered { call: CALL })?;
+        if !reg.contains(buf as usize, len) {
+            return Err(TransferError::invalid(
+                CALL,
+                "receive buffer lies outside its registration",
+            ));
+        }
+        let r = PendingRecv {
+            token,
+            mr,
+            buf,
+            len,
+        };
+        match self.post_recv_now(&r) {
+            Ok(()) => Ok(()),
+            Err(PostError::Again) => {
+                self.recv_queue.push_back(r);
+                Ok(())
+            }
+            Err(PostError::Fail(e)) => Err(e),
+        }
+    }
+
+    fn submit_send(&mut self, op: OpToken, peer: PeerId, data: Vec<u8>) {
+        const CALL: &str = "submit_send";
+        if let Err(e) = self.peers.fi_addr(CALL, peer) {
+            return self.fail_now(op, e);
+        }
+        if data.len() as u64 > self.max_write {
+            return self.fail_now(
+                op,
+                TransferError::invalid(CALL, "message exceeds the provider's maximum"),
+            );
+        }
+        let id = self.ops.start(op, 1, Instant::now());
+        self.post_or_queue(Pending::Send { op: id, peer, data });
+    }
+
+    fn submit_writes(&mut self, op: OpToken, writes: &[WriteOp]) {
+        if writes.is_empty() {
+            self.ready
+                .push(DomainEvent::Completed { op, result: Ok(()) });
+            return;
+        }
+        if let Some(e) = writes.iter().find_map(|w| self.check_write(w).err()) {
+            return self.fail_now(op, e);
+        }
+        let id = self.ops.start(op, writes.len(), Instant::now());
+        let mut iter = writes.iter();
+        if let Some(first) = iter.next() {
+            let eager = Pending::Write {
+                op: id,
+                write: *first,
+                retried: false,
+            };
+            self.post_or_queue(eager);
+        }
+        for w in iter {
+            self.queue.push_back(Pending::Write {
+                op: id,
+                write: *w,
+                retried: false,
+            });
+        }
+    }
+
+    fn poll(&mut self, events: &mut Vec<DomainEvent>) {
+        self.read_cq();
+        self.drain_queue(self.config.post_batch.max(1));
+        self.check_timeouts();
+        events.append(&mut self.ready);
+    }
+
+    fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.cq.wait_fd
+    }
+
+    fn prepare_wait(&mut self) -> bool {
+        // fi_trywait only on a CQ with a wait object (1.17 shm crashes in
+        // fi_trywait on one without).
+        self.cq.wait_fd.is_some()
+            && self.ready.is_empty()
+            && self.queue.is_empty()
+            && self.retries.is_empty()
+            && self.recv_queue.is_empty()
+            && self.fabric.trywait(self.cq.ptr)
+    }
+
+    fn has_pending(&self) -> bool {
+        !self.ops.is_empty()
+            || !self.queue.is_empty()
+            || !self.retries.is_empty()
+            || !self.ready.is_empty()
     }
 }
