@@ -10,8 +10,9 @@
 use std::collections::HashMap;
 use std::ffi::c_void;
 
-use transfer_core::{DomainMr, PeerId, RecvToken, WriteOp};
+use transfer_core::{PeerId, WriteOp};
 
+use crate::domain::PendingRecv;
 use crate::mr::MemoryRegistration;
 use crate::sys;
 
@@ -49,16 +50,7 @@ pub(crate) enum SlotKind {
         payload: SendPayload,
     },
     /// A posted receive buffer.
-    Recv {
-        /// Caller's token.
-        token: RecvToken,
-        /// Registration of the buffer.
-        mr: DomainMr,
-        /// First byte.
-        buf: *mut u8,
-        /// Length.
-        len: usize,
-    },
+    Recv(PendingRecv),
     /// A raw-benchmark write.
     Raw,
 }

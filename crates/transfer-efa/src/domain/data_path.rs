@@ -35,19 +35,22 @@ const RETRY_DELAY: Duration = Duration::from_millis(20);
 const CQ_READS_PER_POLL: usize = 8;
 
 impl LibfabricDomain {
-    fn eagain(ret: isize) -> bool {
-        ret == -(sys::FI_EAGAIN as isize)
+    /// What a failed post's return value means: a full queue (retry on a
+    /// later poll) or a failure.
+    fn post_error(&self, call: &'static str, ret: isize) -> PostError {
+        if ret == -(sys::FI_EAGAIN as isize) {
+            PostError::Again
+        } else {
+            PostError::Fail(self.lib.error(call, ret))
+        }
     }
 
     fn post_write(&mut self, op: u64, w: &WriteOp, retried: bool) -> Result<(), PostError> {
         const CALL: &str = "fi_writemsg";
         let dest = self.peers.fi_addr(CALL, w.peer).map_err(PostError::Fail)?;
         let desc = self
-            .mrs
-            .get(&w.local_mr.0)
-            .ok_or(PostError::Fail(TransferError::RegionUnregistered {
-                call: CALL,
-            }))?
+            .registration(CALL, w.local_mr)
+            .map_err(PostError::Fail)?
             .desc();
         let ctx = self.slots.alloc(SlotKind::Write {
             op,
@@ -77,11 +80,7 @@ impl LibfabricDomain {
             return Ok(());
         }
         self.slots.take(ctx);
-        if Self::eagain(ret) {
-            Err(PostError::Again)
-        } else {
-            Err(PostError::Fail(self.lib.error(CALL, ret)))
-        }
+        Err(self.post_error(CALL, ret))
     }
 
     fn count_posted(&mut self, peer: PeerId) {
@@ -153,11 +152,7 @@ impl LibfabricDomain {
             self.count_posted(peer);
             return Ok(());
         }
-        let err = if Self::eagain(ret) {
-            PostError::Again
-        } else {
-            PostError::Fail(self.lib.error(CALL, ret))
-        };
+        let err = self.post_error(CALL, ret);
         let data = match self.slots.take(ctx) {
             Some(SlotKind::Send { payload, .. }) => self.release_payload(payload),
             _ => None,
@@ -185,18 +180,10 @@ impl LibfabricDomain {
     pub(super) fn post_recv_now(&mut self, r: &PendingRecv) -> Result<(), PostError> {
         const CALL: &str = "fi_recv";
         let desc = self
-            .mrs
-            .get(&r.mr.0)
-            .ok_or(PostError::Fail(TransferError::RegionUnregistered {
-                call: CALL,
-            }))?
+            .registration(CALL, r.mr)
+            .map_err(PostError::Fail)?
             .desc();
-        let ctx = self.slots.alloc(SlotKind::Recv {
-            token: r.token,
-            mr: r.mr,
-            buf: r.buf,
-            len: r.len,
-        });
+        let ctx = self.slots.alloc(SlotKind::Recv(*r));
         // SAFETY: the buffer lies in a live registration (checked by
         // post_recv); the engine keeps it untouched until `Received`.
         let ret = unsafe { self.ep.recv(r.buf, r.len, desc, ctx) };
@@ -204,11 +191,7 @@ impl LibfabricDomain {
             return Ok(());
         }
         self.slots.take(ctx);
-        if Self::eagain(ret) {
-            Err(PostError::Again)
-        } else {
-            Err(PostError::Fail(self.lib.error(CALL, ret)))
-        }
+        Err(self.post_error(CALL, ret))
     }
 
     /// A key for a registration where the application chooses keys (no
@@ -369,24 +352,17 @@ impl LibfabricDomain {
                 self.release_payload(payload);
                 self.finish(op, Ok(()), true);
             }
-            Some(SlotKind::Recv {
-                token,
-                mr,
-                buf,
-                len,
-            }) => {
+            Some(SlotKind::Recv(r)) => {
                 if remote_data && remote_write {
                     // A receive consumed by remote CQ data (FI_RX_CQ_DATA
                     // semantics): deliver the immediate, put the buffer back.
                     self.ready.push(DomainEvent::Imm { imm: e.data as u32 });
-                    self.recv_queue.push_back(PendingRecv {
-                        token,
-                        mr,
-                        buf,
-                        len,
-                    });
+                    self.recv_queue.push_back(r);
                 } else {
-                    self.ready.push(DomainEvent::Received { token, len: e.len });
+                    self.ready.push(DomainEvent::Received {
+                        token: r.token,
+                        len: e.len,
+                    });
                 }
             }
             Some(SlotKind::Raw) => {}
@@ -443,22 +419,12 @@ impl LibfabricDomain {
                 let _ = self.connection_error(peer, e, &message, "fi_send");
                 self.finish(op, Err(error("fi_send")), true);
             }
-            Some(SlotKind::Recv {
-                token,
-                mr,
-                buf,
-                len,
-            }) => {
+            Some(SlotKind::Recv(r)) => {
                 // The trait has no receive-failure event: a failed receive
                 // (e.g. truncation) loses that message, and the buffer goes
                 // back into service. Cancelled receives are not reposted.
                 if e.err != libc::ECANCELED {
-                    self.recv_queue.push_back(PendingRecv {
-                        token,
-                        mr,
-                        buf,
-                        len,
-                    });
+                    self.recv_queue.push_back(r);
                 }
             }
             Some(SlotKind::Raw) | None => {}
@@ -499,10 +465,7 @@ impl LibfabricDomain {
     pub(super) fn check_write(&self, w: &WriteOp) -> Result<()> {
         const CALL: &str = "submit_writes";
         self.peers.fi_addr(CALL, w.peer)?;
-        let mr = self
-            .mrs
-            .get(&w.local_mr.0)
-            .ok_or(TransferError::RegionUnregistered { call: CALL })?;
+        let mr = self.registration(CALL, w.local_mr)?;
         if w.len > 0 && !mr.contains(w.local as usize, w.len) {
             return Err(TransferError::invalid(
                 CALL,

@@ -78,7 +78,8 @@ impl Pending {
     }
 }
 
-/// A receive waiting to be (re)posted.
+/// A receive buffer: waiting to be (re)posted, or posted.
+#[derive(Clone, Copy)]
 pub(crate) struct PendingRecv {
     pub(crate) token: RecvToken,
     pub(crate) mr: DomainMr,
@@ -373,6 +374,17 @@ impl LibfabricDomain {
         self.write_flags & sys::FI_DELIVERY_COMPLETE != 0
     }
 
+    /// Registration `mr`, or why `call` cannot use it.
+    pub(crate) fn registration(
+        &self,
+        call: &'static str,
+        mr: DomainMr,
+    ) -> Result<&MemoryRegistration> {
+        self.mrs
+            .get(&mr.0)
+            .ok_or(TransferError::RegionUnregistered { call })
+    }
+
     /// Number of submit calls in flight.
     pub fn ops_in_flight(&self) -> usize {
         self.ops.len()
@@ -496,10 +508,7 @@ impl Domain for LibfabricDomain {
         len: usize,
     ) -> Result<()> {
         const CALL: &str = "post_recv";
-        let reg = self
-            .mrs
-            .get(&mr.0)
-            .ok_or(TransferError::RegionUnregistered { call: CALL })?;
+        let reg = self.registration(CALL, mr)?;
         if !reg.contains(buf as usize, len) {
             return Err(TransferError::invalid(
                 CALL,
