@@ -14,13 +14,16 @@ use crate::error::{Result, TransferError};
 use crate::group::{DomainGroup, Sinks};
 use crate::idle::IdlePolicy;
 use crate::imm_counter::{ImmAction, ImmCounters};
-use crate::job::{BarrierJob, Job, PagedJob, ScatterJob, SpanJob, WriteJob};
+use crate::job::{Job, SpanJob};
 use crate::memory::{MemoryLocation, MemorySpan, RemoteRegion};
 use crate::oneshot;
 use crate::peer::{Peer, PeerGroup, PeerInner, RemoteTarget};
 use crate::recv_pool::{RecvCallback, RecvPool};
 use crate::region::{HostBuffer, LocalRegion, RegionInner};
-use crate::request::{PagedWriteRequest, ScatterItem, Slice, WriteRequest};
+use crate::request::{
+    BarrierRequest, PagedWriteRequest, Request, ScatterItem, ScatterRequest, SendRequest, Slice,
+    WriteRequest,
+};
 use crate::shard::{ShardPolicy, WriteShape, expected_imms};
 use crate::topology;
 use crate::worker::{Worker, WorkerQueue};
@@ -505,75 +508,63 @@ impl TransferEngine {
         }
     }
 
-    // ---- one-sided ----------------------------------------------------
+    // ---- transfers ----------------------------------------------------
+
+    /// Submits any one transfer; `notify` hears its outcome. A request
+    /// refused before it reaches a worker (a range outside its region, an
+    /// unregistered source) is reported both through `notify` and as the
+    /// return value.
+    ///
+    /// Every other submit method is a thin wrapper of this one:
+    /// [`TransferEngine::start`] returns a [`Pending`] (block on it or
+    /// `.await` it), [`TransferEngine::transfer`] blocks.
+    pub fn submit<'a>(&self, request: impl Into<Request<'a>>, notify: Notify) -> Result<()> {
+        let request = request.into();
+        let admitted = request.check().and_then(|()| match request.source() {
+            // Last: a refused request must not hold the region.
+            Some(src) => src.0.acquire(request.call()),
+            None => Ok(()),
+        });
+        if let Err(e) = admitted {
+            return self.refuse(notify, e);
+        }
+        let (group, job) = Job::for_request(request, notify);
+        self.push(group, job)
+    }
+
+    /// Submits a transfer and returns a [`Pending`] to wait on or await.
+    pub fn start<'a>(&self, request: impl Into<Request<'a>>) -> Result<Pending> {
+        let (n, p) = Notify::pending();
+        self.submit(request, n)?;
+        Ok(p)
+    }
+
+    /// Submits a transfer and blocks until it finished.
+    pub fn transfer<'a>(&self, request: impl Into<Request<'a>>) -> Result<()> {
+        self.start(request)?.wait()
+    }
 
     /// Submits a single write; `notify` hears the outcome.
     pub fn submit_write(&self, req: WriteRequest<'_>, notify: Notify) -> Result<()> {
-        const CALL: &str = "write";
-        let checked = req
-            .src
-            .0
-            .check_range(CALL, req.src_offset, req.len)
-            .and_then(|()| req.dst.region.check_range(CALL, req.dst_offset, req.len));
-        if let Err(e) = checked {
-            return self.refuse(notify, e);
-        }
-        if let Err(e) = req.src.0.acquire(CALL) {
-            return self.refuse(notify, e);
-        }
-        self.push(
-            req.src.0.group,
-            Job::Write(WriteJob {
-                src: req.src.0.clone(),
-                src_offset: req.src_offset,
-                len: req.len,
-                dst: req.dst.clone(),
-                dst_offset: req.dst_offset,
-                imm: req.imm,
-                notify,
-            }),
-        )
+        self.submit(req, notify)
     }
 
     /// Submits a single write and returns a [`Pending`] to wait on or await.
     pub fn write(&self, req: WriteRequest<'_>) -> Result<Pending> {
-        let (n, p) = Notify::pending();
-        self.submit_write(req, n)?;
-        Ok(p)
+        self.start(req)
     }
 
     /// Submits a paged write.
     pub fn submit_paged_write(&self, req: PagedWriteRequest<'_>, notify: Notify) -> Result<()> {
-        const CALL: &str = "paged write";
-        if let Err(e) = check_paged(&req) {
-            return self.refuse(notify, e);
-        }
-        if let Err(e) = req.src.0.acquire(CALL) {
-            return self.refuse(notify, e);
-        }
-        self.push(
-            req.src.0.group,
-            Job::Paged(PagedJob {
-                src: req.src.0.clone(),
-                src_pages: req.src_pages,
-                dst: req.dst.clone(),
-                dst_pages: req.dst_pages,
-                page_len: req.page_len,
-                imm: req.imm,
-                notify,
-            }),
-        )
+        self.submit(req, notify)
     }
 
     /// Submits a paged write and returns a [`Pending`].
     pub fn paged_write(&self, req: PagedWriteRequest<'_>) -> Result<Pending> {
-        let (n, p) = Notify::pending();
-        self.submit_paged_write(req, n)?;
-        Ok(p)
+        self.start(req)
     }
 
-    /// Scatters slices of `src` to an ad-hoc list of targets, each item like a
-    /// single write (sharded by bytes when large, spread over NICs by item otherwise).
+    /// Scatters slices of `src` to an ad-hoc list of targets (see [`ScatterRequest`]).
     pub fn submit_scatter(
         &self,
         src: &LocalRegion,
@@ -581,28 +572,7 @@ impl TransferEngine {
         imm: Option<u32>,
         notify: Notify,
     ) -> Result<()> {
-        const CALL: &str = "scatter";
-        for it in &items {
-            let checked = src
-                .0
-                .check_range(CALL, it.src_offset, it.len)
-                .and_then(|()| it.dst.region.check_range(CALL, it.dst_offset, it.len));
-            if let Err(e) = checked {
-                return self.refuse(notify, e);
-            }
-        }
-        if let Err(e) = src.0.acquire(CALL) {
-            return self.refuse(notify, e);
-        }
-        self.push(
-            src.0.group,
-            Job::Scatter(ScatterJob {
-                src: src.0.clone(),
-                items,
-                imm,
-                notify,
-            }),
-        )
+        self.submit(ScatterRequest { src, items, imm }, notify)
     }
 
     /// Scatters one slice per member of `group` (`slices[i]` to member `i`).
@@ -614,25 +584,10 @@ impl TransferEngine {
         imm: Option<u32>,
         notify: Notify,
     ) -> Result<()> {
-        if slices.len() != group.len() {
-            let e = TransferError::invalid(
-                "scatter",
-                format!("{} slices for {} group members", slices.len(), group.len()),
-            );
-            return self.refuse(notify, e);
+        match ScatterRequest::to_peer_group(src, group, slices, imm) {
+            Ok(req) => self.submit(req, notify),
+            Err(e) => self.refuse(notify, e),
         }
-        let items = group
-            .members
-            .iter()
-            .zip(slices)
-            .map(|(m, s)| ScatterItem {
-                dst: m.clone(),
-                src_offset: s.src_offset,
-                dst_offset: s.dst_offset,
-                len: s.len,
-            })
-            .collect();
-        self.submit_scatter(src, items, imm, notify)
     }
 
     /// Scatter returning a [`Pending`].
@@ -642,63 +597,34 @@ impl TransferEngine {
         items: Vec<ScatterItem>,
         imm: Option<u32>,
     ) -> Result<Pending> {
-        let (n, p) = Notify::pending();
-        self.submit_scatter(src, items, imm, n)?;
-        Ok(p)
+        self.start(ScatterRequest { src, items, imm })
     }
 
-    /// Sends an immediate-only (zero-byte) write to every target: each
-    /// receiver counts exactly one arrival of `imm`. Uses group 0's NICs.
+    /// Barrier to an ad-hoc list of targets (see [`BarrierRequest`]).
     pub fn submit_barrier(&self, targets: &[RemoteTarget], imm: u32, notify: Notify) -> Result<()> {
-        self.push(
-            0,
-            Job::Barrier(BarrierJob {
-                targets: targets.into(),
-                imm,
-                notify,
-            }),
-        )
+        self.submit(BarrierRequest::to(targets, imm), notify)
     }
 
     /// Barrier to a [`PeerGroup`].
     pub fn submit_group_barrier(&self, group: &PeerGroup, imm: u32, notify: Notify) -> Result<()> {
-        self.push(
-            0,
-            Job::Barrier(BarrierJob {
-                targets: group.members.clone(),
-                imm,
-                notify,
-            }),
-        )
+        self.submit(BarrierRequest::to_peer_group(group, imm), notify)
     }
 
     /// Barrier returning a [`Pending`].
     pub fn barrier(&self, group: &PeerGroup, imm: u32) -> Result<Pending> {
-        let (n, p) = Notify::pending();
-        self.submit_group_barrier(group, imm, n)?;
-        Ok(p)
+        self.start(BarrierRequest::to_peer_group(group, imm))
     }
 
     // ---- two-sided ----------------------------------------------------
 
-    /// Sends a message to `peer` (NIC 0 of group 0 to the peer's NIC 0 of
-    /// group 0). `data` is copied: the caller may reuse it at once.
+    /// Sends a message to `peer` (see [`SendRequest`]).
     pub fn submit_send(&self, peer: &Peer, data: &[u8], notify: Notify) -> Result<()> {
-        self.push(
-            0,
-            Job::Send {
-                peer: peer.clone(),
-                data: data.to_vec(),
-                notify,
-            },
-        )
+        self.submit(SendRequest { peer, data }, notify)
     }
 
     /// Sends a message and returns a [`Pending`].
     pub fn send(&self, peer: &Peer, data: &[u8]) -> Result<Pending> {
-        let (n, p) = Notify::pending();
-        self.submit_send(peer, data, n)?;
-        Ok(p)
+        self.start(SendRequest { peer, data })
     }
 
     /// Posts `count` receive buffers of `len` bytes; `callback` runs on the
@@ -846,36 +772,6 @@ impl TransferEngine {
         self.callbacks.notify(notify, Err(err.clone()));
         Err(err)
     }
-}
-
-fn check_paged(req: &PagedWriteRequest<'_>) -> Result<()> {
-    const CALL: &str = "paged write";
-    let n = req.src_pages.indices.len();
-    if n != req.dst_pages.indices.len() {
-        return Err(TransferError::invalid(
-            CALL,
-            format!(
-                "{n} source pages but {} destination pages",
-                req.dst_pages.indices.len()
-            ),
-        ));
-    }
-    if n == 0 {
-        return Err(TransferError::invalid(CALL, "no pages"));
-    }
-    for i in 0..n {
-        let s = req
-            .src_pages
-            .byte_offset(i)
-            .ok_or_else(|| TransferError::invalid(CALL, "source page offset overflows"))?;
-        let d = req
-            .dst_pages
-            .byte_offset(i)
-            .ok_or_else(|| TransferError::invalid(CALL, "destination page offset overflows"))?;
-        req.src.0.check_range(CALL, s, req.page_len)?;
-        req.dst.region.check_range(CALL, d, req.page_len)?;
-    }
-    Ok(())
 }
 
 /// Resolves when an immediate expectation is met (see [`TransferEngine::imm_future`]).

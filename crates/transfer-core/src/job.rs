@@ -13,7 +13,7 @@ use crate::oneshot;
 use crate::peer::{Peer, RemoteTarget};
 use crate::recv_pool::RecvPool;
 use crate::region::RegionInner;
-use crate::request::{Pages, ScatterItem};
+use crate::request::{Pages, Request, ScatterItem};
 
 /// A memory span crossing to the worker thread.
 pub(crate) struct SpanJob(pub(crate) MemorySpan);
@@ -83,6 +83,62 @@ pub(crate) enum Job {
 }
 
 impl Job {
+    /// The job of an admitted request, and the NIC set (worker) it goes
+    /// to: the source region's, or set 0 for barriers and messages.
+    pub(crate) fn for_request(request: Request<'_>, notify: Notify) -> (usize, Job) {
+        match request {
+            Request::Write(r) => (
+                r.src.0.group,
+                Job::Write(WriteJob {
+                    src: r.src.0.clone(),
+                    src_offset: r.src_offset,
+                    len: r.len,
+                    dst: r.dst.clone(),
+                    dst_offset: r.dst_offset,
+                    imm: r.imm,
+                    notify,
+                }),
+            ),
+            Request::Paged(r) => (
+                r.src.0.group,
+                Job::Paged(PagedJob {
+                    src: r.src.0.clone(),
+                    src_pages: r.src_pages,
+                    dst: r.dst.clone(),
+                    dst_pages: r.dst_pages,
+                    page_len: r.page_len,
+                    imm: r.imm,
+                    notify,
+                }),
+            ),
+            Request::Scatter(r) => (
+                r.src.0.group,
+                Job::Scatter(ScatterJob {
+                    src: r.src.0.clone(),
+                    items: r.items,
+                    imm: r.imm,
+                    notify,
+                }),
+            ),
+            Request::Barrier(r) => (
+                0,
+                Job::Barrier(BarrierJob {
+                    targets: r.targets,
+                    imm: r.imm,
+                    notify,
+                }),
+            ),
+            Request::Send(r) => (
+                0,
+                Job::Send {
+                    peer: r.peer.clone(),
+                    data: r.data.to_vec(),
+                    notify,
+                },
+            ),
+        }
+    }
+
     /// Fails the job's notification (used when the worker is gone).
     pub(crate) fn fail(self, err: TransferError, callbacks: &CallbackQueue) {
         let notify = match self {

@@ -52,5 +52,8 @@ pub use idle::{IdlePolicy, IdleState, Sleep};
 pub use memory::{MemoryLocation, MemorySpan, RemoteKey, RemoteNicRegion, RemoteRegion};
 pub use peer::{Peer, PeerGroup, RemoteTarget};
 pub use region::{HostBuffer, LocalRegion};
-pub use request::{PagedWriteRequest, Pages, ScatterItem, Slice, WriteRequest};
+pub use request::{
+    BarrierRequest, PagedWriteRequest, Pages, Request, ScatterItem, ScatterRequest, SendRequest,
+    Slice, WriteRequest,
+};
 pub use shard::{ShardPolicy, WriteShape};

@@ -1,6 +1,14 @@
-//! What users submit.
+//! What users submit: one request type per operation, and [`Request`],
+//! any one of them, which [`crate::TransferEngine::submit`] takes.
+//!
+//! A request is checked here ([`Request::check`]: ranges against the
+//! regions, page lists) before anything reaches a worker, so a refused
+//! request never costs a queue slot.
 
-use crate::peer::RemoteTarget;
+use std::sync::Arc;
+
+use crate::error::{Result, TransferError};
+use crate::peer::{Peer, PeerGroup, RemoteTarget};
 use crate::region::LocalRegion;
 
 /// A single one-sided write.
@@ -78,4 +86,207 @@ pub struct Slice {
     pub dst_offset: u64,
     /// Number of bytes.
     pub len: u64,
+}
+
+/// Slices of one local region to an ad-hoc list of targets, each item like
+/// a single write (sharded by bytes when large, spread over NICs by item
+/// otherwise).
+#[derive(Debug, Clone)]
+pub struct ScatterRequest<'a> {
+    /// Local source region.
+    pub src: &'a LocalRegion,
+    /// The slices and where each goes.
+    pub items: Vec<ScatterItem>,
+    /// Immediate every item delivers to its receiver's counters.
+    pub imm: Option<u32>,
+}
+
+impl<'a> ScatterRequest<'a> {
+    /// One slice per member of `peers` (`slices[i]` to member `i`).
+    pub fn to_peer_group(
+        src: &'a LocalRegion,
+        peers: &PeerGroup,
+        slices: &[Slice],
+        imm: Option<u32>,
+    ) -> Result<Self> {
+        if slices.len() != peers.len() {
+            return Err(TransferError::invalid(
+                "scatter",
+                format!("{} slices for {} group members", slices.len(), peers.len()),
+            ));
+        }
+        let items = peers
+            .members
+            .iter()
+            .zip(slices)
+            .map(|(m, s)| ScatterItem {
+                dst: m.clone(),
+                src_offset: s.src_offset,
+                dst_offset: s.dst_offset,
+                len: s.len,
+            })
+            .collect();
+        Ok(Self { src, items, imm })
+    }
+}
+
+/// An immediate-only (zero-byte) write to every target: each receiver
+/// counts exactly one arrival of `imm`. Goes out on NIC set 0.
+#[derive(Debug, Clone)]
+pub struct BarrierRequest {
+    /// The targets (shared: a [`PeerGroup`]'s members are not copied).
+    pub targets: Arc<[RemoteTarget]>,
+    /// The immediate.
+    pub imm: u32,
+}
+
+impl BarrierRequest {
+    /// A barrier to an ad-hoc list of targets.
+    pub fn to(targets: &[RemoteTarget], imm: u32) -> Self {
+        Self {
+            targets: targets.into(),
+            imm,
+        }
+    }
+
+    /// A barrier to every member of a [`PeerGroup`].
+    pub fn to_peer_group(peers: &PeerGroup, imm: u32) -> Self {
+        Self {
+            targets: peers.members.clone(),
+            imm,
+        }
+    }
+}
+
+/// A two-sided message: NIC 0 of NIC set 0 to the peer's NIC 0 of its NIC
+/// set 0. `data` is copied at submit: the caller may reuse it at once.
+#[derive(Debug, Clone, Copy)]
+pub struct SendRequest<'a> {
+    /// The receiver.
+    pub peer: &'a Peer,
+    /// The message.
+    pub data: &'a [u8],
+}
+
+/// Any one transfer, as [`crate::TransferEngine::submit`] takes it. Every
+/// request type converts into it with `From`.
+#[derive(Debug, Clone)]
+pub enum Request<'a> {
+    /// A single write.
+    Write(WriteRequest<'a>),
+    /// A paged write.
+    Paged(PagedWriteRequest<'a>),
+    /// A scatter.
+    Scatter(ScatterRequest<'a>),
+    /// A barrier.
+    Barrier(BarrierRequest),
+    /// A message.
+    Send(SendRequest<'a>),
+}
+
+impl<'a> From<WriteRequest<'a>> for Request<'a> {
+    fn from(r: WriteRequest<'a>) -> Self {
+        Request::Write(r)
+    }
+}
+
+impl<'a> From<PagedWriteRequest<'a>> for Request<'a> {
+    fn from(r: PagedWriteRequest<'a>) -> Self {
+        Request::Paged(r)
+    }
+}
+
+impl<'a> From<ScatterRequest<'a>> for Request<'a> {
+    fn from(r: ScatterRequest<'a>) -> Self {
+        Request::Scatter(r)
+    }
+}
+
+impl From<BarrierRequest> for Request<'_> {
+    fn from(r: BarrierRequest) -> Self {
+        Request::Barrier(r)
+    }
+}
+
+impl<'a> From<SendRequest<'a>> for Request<'a> {
+    fn from(r: SendRequest<'a>) -> Self {
+        Request::Send(r)
+    }
+}
+
+impl Request<'_> {
+    /// The name errors give the operation.
+    pub(crate) fn call(&self) -> &'static str {
+        match self {
+            Request::Write(_) => "write",
+            Request::Paged(_) => "paged write",
+            Request::Scatter(_) => "scatter",
+            Request::Barrier(_) => "barrier",
+            Request::Send(_) => "send",
+        }
+    }
+
+    /// The local region the transfer reads from, if any: it stays in use
+    /// (unregister is refused) until the transfer completes.
+    pub(crate) fn source(&self) -> Option<&LocalRegion> {
+        match self {
+            Request::Write(r) => Some(r.src),
+            Request::Paged(r) => Some(r.src),
+            Request::Scatter(r) => Some(r.src),
+            Request::Barrier(_) | Request::Send(_) => None,
+        }
+    }
+
+    /// Checks every range against its regions.
+    pub(crate) fn check(&self) -> Result<()> {
+        let call = self.call();
+        match self {
+            Request::Write(r) => check_slice(call, r.src, r.src_offset, r.dst, r.dst_offset, r.len),
+            Request::Paged(r) => check_paged(call, r),
+            Request::Scatter(r) => r.items.iter().try_for_each(|it| {
+                check_slice(call, r.src, it.src_offset, &it.dst, it.dst_offset, it.len)
+            }),
+            Request::Barrier(_) | Request::Send(_) => Ok(()),
+        }
+    }
+}
+
+fn check_slice(
+    call: &'static str,
+    src: &LocalRegion,
+    src_offset: u64,
+    dst: &RemoteTarget,
+    dst_offset: u64,
+    len: u64,
+) -> Result<()> {
+    src.0.check_range(call, src_offset, len)?;
+    dst.region.check_range(call, dst_offset, len)
+}
+
+fn check_paged(call: &'static str, req: &PagedWriteRequest<'_>) -> Result<()> {
+    let n = req.src_pages.indices.len();
+    if n != req.dst_pages.indices.len() {
+        return Err(TransferError::invalid(
+            call,
+            format!(
+                "{n} source pages but {} destination pages",
+                req.dst_pages.indices.len()
+            ),
+        ));
+    }
+    if n == 0 {
+        return Err(TransferError::invalid(call, "no pages"));
+    }
+    for i in 0..n {
+        let s = req
+            .src_pages
+            .byte_offset(i)
+            .ok_or_else(|| TransferError::invalid(call, "source page offset overflows"))?;
+        let d = req
+            .dst_pages
+            .byte_offset(i)
+            .ok_or_else(|| TransferError::invalid(call, "destination page offset overflows"))?;
+        check_slice(call, req.src, s, req.dst, d, req.page_len)?;
+    }
+    Ok(())
 }

@@ -595,3 +595,87 @@ fn writes_are_split_by_max_write_size() {
         }
     }
 }
+
+#[test]
+fn one_submit_takes_every_request_type() {
+    use transfer_core::{
+        BarrierRequest, PagedWriteRequest, Pages, Request, ScatterItem, ScatterRequest, SendRequest,
+    };
+    let (_f, a, b) = pair(TestFabricConfig::default(), 2, 64);
+    let src = a.alloc_host(8192, 0).unwrap();
+    let dst = b.alloc_host(8192, 0).unwrap();
+    src.write_at(0, &[7; 8192]).unwrap();
+    let t = target(&a, &b, &dst);
+    let (tx, rx) = mpsc::channel();
+    b.start_recv_pool(2, 64, move |m| {
+        let _ = tx.send(m.to_vec());
+    })
+    .unwrap();
+    let pages = |indices: Vec<u32>| Pages {
+        indices,
+        stride: 1024,
+        offset: 0,
+    };
+    let peer = a.peer(b.address()).unwrap();
+    let requests: Vec<Request<'_>> = vec![
+        WriteRequest {
+            src: &src,
+            src_offset: 0,
+            dst: &t,
+            dst_offset: 0,
+            len: 1024,
+            imm: Some(1),
+        }
+        .into(),
+        PagedWriteRequest {
+            src: &src,
+            src_pages: pages(vec![1, 2]),
+            dst: &t,
+            dst_pages: pages(vec![2, 1]),
+            page_len: 1024,
+            imm: Some(2),
+        }
+        .into(),
+        ScatterRequest {
+            src: &src,
+            items: vec![ScatterItem {
+                dst: t.clone(),
+                src_offset: 3072,
+                dst_offset: 3072,
+                len: 1024,
+            }],
+            imm: Some(3),
+        }
+        .into(),
+        BarrierRequest::to(std::slice::from_ref(&t), 4).into(),
+        SendRequest {
+            peer: &peer,
+            data: b"hello",
+        }
+        .into(),
+    ];
+    for r in requests {
+        a.transfer(r).unwrap();
+    }
+    assert_eq!(rx.recv_timeout(GUARD).unwrap(), b"hello");
+    // Receivers count what senders delivered, whatever the entry point.
+    for imm in 1..=4 {
+        b.wait_imm(imm, 1, GUARD).unwrap();
+    }
+    assert_eq!(&dst.to_vec().unwrap()[..4096], &[7; 4096][..]);
+    // A refused request reaches both the caller and the notification.
+    let flag = DoneFlag::new();
+    let bad = WriteRequest {
+        src: &src,
+        src_offset: 8000,
+        dst: &t,
+        dst_offset: 0,
+        len: 1024,
+        imm: None,
+    };
+    assert!(matches!(
+        a.submit(bad, Notify::Flag(flag.clone())),
+        Err(TransferError::InvalidArgument { .. })
+    ));
+    assert!(matches!(flag.result(), Some(Err(_))));
+}
