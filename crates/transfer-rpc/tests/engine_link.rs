@@ -427,7 +427,11 @@ fn lanes_unique_across_sessions_and_freed_with_them() {
     assert_eq!(all.len(), 32, "lanes collide across sessions");
     assert!(all.iter().all(|&l| l != 0 && l <= 0xFFFF));
     assert_eq!(lb.lanes().live(), 32);
-    assert_eq!(lb.targets(), 32, "one registration per lane: its range alone");
+    assert_eq!(
+        lb.targets(),
+        32,
+        "one registration per lane: its range alone"
+    );
     assert_eq!(lb.registrations(), 0, "no buffer registered whole");
     drop(results);
     let t = Instant::now();
