@@ -3,12 +3,16 @@
 //! Every error names the call (or the backend operation) that failed, is
 //! `Clone` so one failure can be delivered to every notification that
 //! depends on it, and is `Send + Sync` so it crosses from worker threads to
-//! API threads and callback threads.
+//! API threads and callback threads. It is `#[non_exhaustive]` (as rustls'
+//! `Error`): new kinds may come without breaking callers. What a caller
+//! branches on is typed (the variant, [`PeerLoss`], codes and limits); the
+//! `reason`/`message` strings are for people.
 
 use crate::addr::BackendKind;
 
 /// Everything that can go wrong in the engine or in a backend.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum TransferError {
     /// An address or descriptor was built by another backend.
     #[error("{call}: backend mismatch (expected {expected}, got {got})")]
@@ -48,12 +52,14 @@ pub enum TransferError {
         /// The call that used the region.
         call: &'static str,
     },
-    /// The peer is known to be dead; operations to it fail fast.
-    #[error("{call}: peer unreachable: {reason}")]
+    /// The peer cannot be reached; `cause` says whether trying again may help.
+    #[error("{call}: peer unreachable ({cause}): {reason}")]
     PeerUnreachable {
         /// The call that addressed the peer.
         call: &'static str,
-        /// Why the peer is considered unreachable.
+        /// Why, as a caller branches on it.
+        cause: PeerLoss,
+        /// Details, as precise as the backend can tell.
         reason: String,
     },
     /// The operation did not complete in time.
@@ -102,6 +108,35 @@ pub enum TransferError {
     },
 }
 
+/// Why a peer cannot be reached, and so what a caller may do about it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum PeerLoss {
+    /// This side forgot the peer (removed, or never resolved on this NIC):
+    /// resolve it again ([`crate::TransferEngine::peer`]).
+    Forgotten,
+    /// The peer closed its side (it shut down or said goodbye): a restarted
+    /// peer must be resolved afresh.
+    Closed,
+    /// The connection broke and is being set up again: a later attempt may
+    /// succeed as is.
+    Reconnecting,
+    /// The peer stopped answering (connection errors, no progress within
+    /// the timeout): operations to it fail fast until it is resolved again.
+    Dead,
+}
+
+impl std::fmt::Display for PeerLoss {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PeerLoss::Forgotten => "forgotten",
+            PeerLoss::Closed => "closed",
+            PeerLoss::Reconnecting => "reconnecting",
+            PeerLoss::Dead => "dead",
+        })
+    }
+}
+
 /// Shorthand for results in this crate.
 pub type Result<T, E = TransferError> = std::result::Result<T, E>;
 
@@ -110,6 +145,15 @@ impl TransferError {
     pub fn invalid(call: &'static str, reason: impl Into<String>) -> Self {
         Self::InvalidArgument {
             call,
+            reason: reason.into(),
+        }
+    }
+
+    /// Builds [`TransferError::PeerUnreachable`].
+    pub fn unreachable(call: &'static str, cause: PeerLoss, reason: impl Into<String>) -> Self {
+        Self::PeerUnreachable {
+            call,
+            cause,
             reason: reason.into(),
         }
     }

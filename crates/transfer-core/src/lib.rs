@@ -46,7 +46,7 @@ pub use domain::{
     Domain, DomainEvent, DomainInfo, DomainMr, OpToken, PeerId, RecvToken, Registration, WriteOp,
 };
 pub use engine::{EngineBuilder, ImmFuture, TransferEngine};
-pub use error::{Result, TransferError};
+pub use error::{PeerLoss, Result, TransferError};
 pub use group::DomainGroup;
 pub use idle::{IdlePolicy, IdleState, Sleep};
 pub use memory::{MemoryLocation, MemorySpan, RemoteKey, RemoteNicRegion, RemoteRegion};

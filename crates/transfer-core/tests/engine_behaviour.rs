@@ -172,7 +172,13 @@ fn dead_peer_fails_fast_and_a_new_peer_works() {
     };
     let err = a.write(req).unwrap().wait_timeout(GUARD).unwrap_err();
     assert!(
-        matches!(err, TransferError::PeerUnreachable { .. }),
+        matches!(
+            err,
+            TransferError::PeerUnreachable {
+                cause: transfer_core::PeerLoss::Dead,
+                ..
+            }
+        ),
         "{err}"
     );
     a.forget_peer(t.peer()).unwrap();
@@ -453,6 +459,13 @@ fn unexpected_immediates_are_bounded_and_counted() {
     let src = a.alloc_host(4096, 0).unwrap();
     let dst = b.alloc_host(4096, 0).unwrap();
     let t = target(&a, &b, &dst);
+    // Expected before it is sent: an unexpected 1000 would be dropped like
+    // 3..8 (the cap is reached), whenever b's worker counts it before the
+    // test thread could set the expectation.
+    let (tx, last) = mpsc::channel();
+    b.expect_imm(1000, 1, move || {
+        let _ = tx.send(());
+    });
     for imm in (0..8).chain([1000]) {
         let req = WriteRequest {
             src: &src,
@@ -465,7 +478,7 @@ fn unexpected_immediates_are_bounded_and_counted() {
         a.write(req).unwrap().wait_timeout(GUARD).unwrap();
     }
     // The expected value was counted, so every arrival before it was handled.
-    b.wait_imm(1000, 1, GUARD).unwrap();
+    last.recv_timeout(GUARD).unwrap();
     assert_eq!(b.imm_dropped(), 5);
     let held: u64 = (0..8).map(|i| b.imm_value(i)).sum();
     assert_eq!(held, 3);

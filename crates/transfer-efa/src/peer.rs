@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use transfer_core::{PeerId, Result, TransferError};
+use transfer_core::{PeerId, PeerLoss, Result, TransferError};
 
 use crate::sys;
 
@@ -63,12 +63,14 @@ impl Peers {
         match self.by_id.get(&id.0) {
             None => Err(TransferError::PeerUnreachable {
                 call,
+                cause: PeerLoss::Forgotten,
                 reason: format!("peer {} is not resolved on this domain (removed?)", id.0),
             }),
             Some(Peer {
                 dead: Some(reason), ..
             }) => Err(TransferError::PeerUnreachable {
                 call,
+                cause: PeerLoss::Dead,
                 reason: reason.clone(),
             }),
             Some(p) => Ok(p.fi_addr),

@@ -1,7 +1,7 @@
 //! Mapping verbs failures (errno values, work-completion statuses) to
 //! [`TransferError`]. Pure functions: testable without a device.
 
-use transfer_core::{BackendKind, TransferError};
+use transfer_core::{BackendKind, PeerLoss, TransferError};
 
 /// `enum ibv_wc_status` values this crate distinguishes.
 pub mod status {
@@ -110,11 +110,13 @@ pub fn wc_error(call: &'static str, status: i32, vendor_err: u32) -> TransferErr
         status::RETRY_EXC_ERR | status::RNR_RETRY_EXC_ERR | status::RESP_TIMEOUT_ERR => {
             TransferError::PeerUnreachable {
                 call,
+                cause: PeerLoss::Dead,
                 reason: format!("{name} (vendor error {vendor_err:#x})"),
             }
         }
         status::WR_FLUSH_ERR => TransferError::PeerUnreachable {
             call,
+            cause: PeerLoss::Reconnecting,
             reason: "connection failed before this request was executed (flushed)".into(),
         },
         _ => TransferError::Backend {

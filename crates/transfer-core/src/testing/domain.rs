@@ -10,7 +10,7 @@ use crate::countdown::Countdowns;
 use crate::domain::{
     Domain, DomainEvent, DomainInfo, DomainMr, OpToken, PeerId, RecvToken, Registration, WriteOp,
 };
-use crate::error::{Result, TransferError};
+use crate::error::{PeerLoss, Result, TransferError};
 use crate::memory::{MemorySpan, RemoteKey, RemoteNicRegion};
 use crate::wakeup::EventFd;
 
@@ -103,6 +103,7 @@ impl TestDomain {
             .get_mut(&nic)
             .ok_or_else(|| TransferError::PeerUnreachable {
                 call: CALL,
+                cause: PeerLoss::Dead,
                 reason: "test NIC is gone".into(),
             })?;
         let mr =
@@ -152,6 +153,7 @@ impl TestDomain {
         let Some(target) = s.nics.get_mut(&nic) else {
             return Some(Err(TransferError::PeerUnreachable {
                 call: CALL,
+                cause: PeerLoss::Dead,
                 reason: "test NIC is gone".into(),
             }));
         };
@@ -213,6 +215,7 @@ impl Domain for TestDomain {
             .get_mut(&self.id)
             .ok_or_else(|| TransferError::PeerUnreachable {
                 call: "TestDomain::register",
+                cause: PeerLoss::Dead,
                 reason: "this NIC was killed".into(),
             })?;
         nic.remote_mrs.insert(key, mr);
@@ -277,6 +280,7 @@ impl Domain for TestDomain {
             .get_mut(&self.id)
             .ok_or_else(|| TransferError::PeerUnreachable {
                 call: "TestDomain::post_recv",
+                cause: PeerLoss::Dead,
                 reason: "this NIC was killed".into(),
             })?;
         nic.posted.push_back((token.0, buf as usize, len));

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use transfer_core::{PeerId, TransferError};
+use transfer_core::{PeerId, PeerLoss, TransferError};
 
 use super::{LibfabricDomain, Pending};
 use crate::context::SlotKind;
@@ -86,6 +86,7 @@ impl LibfabricDomain {
         for op in ops {
             let err = TransferError::PeerUnreachable {
                 call: "libfabric transfer",
+                cause: PeerLoss::Dead,
                 reason: reason.clone(),
             };
             if let Some(ev) = self.ops.abort(op, err) {

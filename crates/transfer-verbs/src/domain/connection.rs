@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use transfer_core::{Result, TransferError};
+use transfer_core::{PeerLoss, Result, TransferError};
 
 use super::{MAX_BACKOFF, MAX_PASSIVE, VerbsDomain};
 use crate::handshake::{self, Hello, Phase, WireAddress};
@@ -249,6 +249,7 @@ impl VerbsDomain {
         if a.close {
             let err = TransferError::PeerUnreachable {
                 call: "verbs connection",
+                cause: PeerLoss::Closed,
                 reason: "the peer closed the connection".into(),
             };
             self.close_peer(p, &err, State::Idle);
@@ -257,6 +258,7 @@ impl VerbsDomain {
         if a.rebuild {
             let err = TransferError::PeerUnreachable {
                 call: "verbs connection",
+                cause: PeerLoss::Reconnecting,
                 reason: "the peer re-established the connection".into(),
             };
             self.reconnect(pid, p, &err);
@@ -320,6 +322,7 @@ impl VerbsDomain {
                 self.handshaking.remove(&pid);
                 let err = TransferError::PeerUnreachable {
                     call: "verbs handshake",
+                    cause: PeerLoss::Dead,
                     reason: format!(
                         "no answer from the peer's UD QP {:#x} within {} ms",
                         p.addr.ud_qpn,

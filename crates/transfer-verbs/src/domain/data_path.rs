@@ -2,7 +2,7 @@
 //! chains within send-queue and completion-queue room, reaping
 //! completions, and the receive queues.
 
-use transfer_core::{DomainEvent, PeerId, RecvToken, Result, TransferError};
+use transfer_core::{DomainEvent, PeerId, PeerLoss, RecvToken, Result, TransferError};
 
 use super::{RECV_CHAIN, VerbsDomain};
 use crate::error::{ConnFate, errno_error, post_is_backpressure, wc_error, wc_fate};
@@ -27,6 +27,7 @@ impl VerbsDomain {
             State::Idle => {
                 let err = TransferError::PeerUnreachable {
                     call: "verbs connection",
+                    cause: PeerLoss::Reconnecting,
                     reason: "reconnecting".into(),
                 };
                 self.reconnect(peer.0, &mut p, &err);
@@ -42,6 +43,7 @@ impl VerbsDomain {
                         State::Dead(e) => e.clone(),
                         _ => TransferError::PeerUnreachable {
                             call: "verbs submit",
+                            cause: PeerLoss::Reconnecting,
                             reason: "no connection".into(),
                         },
                     };

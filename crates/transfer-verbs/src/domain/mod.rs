@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use transfer_core::{
     BackendKind, Countdowns, Domain, DomainEvent, DomainInfo, DomainMr, HostBuffer, MemorySpan,
-    NicAddress, OpToken, Ordering, PeerId, RecvToken, Registration, RemoteKey, RemoteNicRegion,
-    Result, TransferError, WriteOp,
+    NicAddress, OpToken, Ordering, PeerId, PeerLoss, RecvToken, Registration, RemoteKey,
+    RemoteNicRegion, Result, TransferError, WriteOp,
 };
 
 use crate::config::VerbsConfig;
@@ -381,6 +381,7 @@ impl Domain for VerbsDomain {
         }
         let err = TransferError::PeerUnreachable {
             call: "remove_peer",
+            cause: PeerLoss::Forgotten,
             reason: "peer removed".into(),
         };
         self.close_peer(&mut p, &err, State::Idle);
