@@ -66,6 +66,14 @@ struct Cli {
     /// Log every command.
     #[arg(short, long)]
     verbose: bool,
+    /// Compute graphs inside the server process instead of in
+    /// `transfer-rpc-compute` worker processes (a crash in a compute kernel
+    /// then takes the whole server down).
+    #[arg(long)]
+    compute_in_process: bool,
+    /// Longest a graph may compute before its worker is killed (seconds).
+    #[arg(long, default_value_t = 600)]
+    compute_timeout_s: u64,
     /// The engine link (only in builds with the `engine` feature, so that
     /// `--help` tells whether this binary can serve ENGINE_*).
     #[cfg(feature = "engine")]
@@ -102,17 +110,39 @@ struct EngineArgs {
 }
 
 #[cfg(feature = "ggml")]
-fn make_backend(config: &ServerConfig) -> Arc<dyn ComputeBackend> {
-    Arc::new(transfer_rpc::server::GgmlCpuBackend::new(
-        config.devices,
-        config.threads,
-        config.graph_limits,
-    ))
+fn make_backend(cli: &Cli, config: &ServerConfig) -> Result<Arc<dyn ComputeBackend>, String> {
+    use transfer_rpc::server::isolated::{IsolatedBackend, IsolatedConfig};
+    if cli.compute_in_process {
+        return Ok(Arc::new(transfer_rpc::server::GgmlCpuBackend::new(
+            config.devices,
+            config.threads,
+            config.graph_limits,
+        )));
+    }
+    // The worker ships next to this binary (cargo builds both into one
+    // directory).
+    let program = std::env::current_exe()
+        .map_err(|e| format!("cannot locate this executable: {e}"))?
+        .with_file_name("transfer-rpc-compute");
+    if !program.is_file() {
+        return Err(format!(
+            "{} is missing: install transfer-rpc-compute next to transfer-rpc-server \
+             (cargo build --features ggml builds both), or pass --compute-in-process",
+            program.display()
+        ));
+    }
+    Ok(Arc::new(IsolatedBackend::new(IsolatedConfig {
+        program,
+        devices: config.devices,
+        threads: config.threads,
+        timeout: std::time::Duration::from_secs(cli.compute_timeout_s.max(1)),
+        env: Vec::new(),
+    })))
 }
 
 #[cfg(not(feature = "ggml"))]
-fn make_backend(_config: &ServerConfig) -> Arc<dyn ComputeBackend> {
-    Arc::new(RefusingBackend)
+fn make_backend(_cli: &Cli, _config: &ServerConfig) -> Result<Arc<dyn ComputeBackend>, String> {
+    Ok(Arc::new(RefusingBackend))
 }
 
 #[cfg(feature = "engine")]
@@ -172,7 +202,13 @@ fn main() -> ExitCode {
         eprintln!("transfer-rpc-server: {e}");
         return ExitCode::FAILURE;
     }
-    let backend = make_backend(&config);
+    let backend = match make_backend(&cli, &config) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("transfer-rpc-server: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let compute = backend.name().to_owned();
     let server = match Server::bind(config, backend) {
         Ok(s) => s,

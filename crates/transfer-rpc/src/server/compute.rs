@@ -21,6 +21,10 @@ pub trait ComputeBackend: Send + Sync {
 
     /// Computes every node of `graph`, reading and writing `memory`.
     fn compute(&self, graph: &ValidatedGraph, memory: &BufferRegistry) -> Result<()>;
+
+    /// Buffers were freed: drop whatever the backend holds of them (a
+    /// worker process's mappings keep their memory otherwise).
+    fn buffers_freed(&self) {}
 }
 
 /// A backend that refuses every graph with a clear error. This crate ships

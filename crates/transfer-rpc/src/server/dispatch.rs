@@ -92,6 +92,7 @@ impl Session {
             },
             Request::FreeBuffer { remote_ptr } => {
                 reg.free(self.id, remote_ptr)?;
+                self.shared.backend.buffers_freed();
                 #[cfg(feature = "engine")]
                 if let Some(e) = self.engine.as_ref() {
                     e.link().release(remote_ptr);

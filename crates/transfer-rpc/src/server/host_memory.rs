@@ -13,7 +13,12 @@
 //!   aliasing rules a reference would promise.
 //! - A kernel that runs off the end (or start) of its buffer faults on a
 //!   guard page instead of silently corrupting a neighbouring allocation.
+//! - The pages live in a memfd, so a compute worker process can map the
+//!   same buffer ([`HostMemory::share_fd`], [`HostMemory::map_shared`]):
+//!   graph compute can then run outside the server process, where a crash
+//!   of a ggml kernel cannot take the server down (`server::isolated`).
 
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 
 const PAGE: usize = 4096;
@@ -28,6 +33,8 @@ pub struct HostMemory {
     /// The whole mapping, guard pages included.
     map: NonNull<u8>,
     map_len: usize,
+    /// The memfd holding the pages.
+    fd: OwnedFd,
 }
 
 // SAFETY: the mapping is owned by this value alone and only reached through
@@ -39,13 +46,31 @@ unsafe impl Send for HostMemory {}
 unsafe impl Sync for HostMemory {}
 
 impl HostMemory {
-    /// `len` zeroed bytes, page aligned, or `None` when the mapping fails
-    /// (never aborts).
+    /// `len` zeroed bytes, page aligned, or `None` when the memfd or the
+    /// mapping cannot be made (never aborts).
     pub fn zeroed(len: usize) -> Option<HostMemory> {
         let body = len.max(1).checked_next_multiple_of(PAGE)?;
+        // SAFETY: the name is a NUL-terminated literal; the result is checked.
+        let raw = unsafe { libc::memfd_create(c"transfer-rpc-buffer".as_ptr(), libc::MFD_CLOEXEC) };
+        if raw < 0 {
+            return None;
+        }
+        // SAFETY: `raw` is a fresh descriptor we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: plain syscall on our descriptor.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), i64::try_from(body).ok()?) } != 0 {
+            return None;
+        }
+        Self::map_shared(fd, len)
+    }
+
+    /// Maps `len` bytes of the memfd `fd` (made by [`HostMemory::zeroed`],
+    /// at least `len` rounded up to a page long) between two guard pages.
+    pub fn map_shared(fd: OwnedFd, len: usize) -> Option<HostMemory> {
+        let body = len.max(1).checked_next_multiple_of(PAGE)?;
         let map_len = body.checked_add(2 * PAGE)?;
-        // SAFETY: a fresh private anonymous mapping; no existing memory is
-        // touched. The result is checked against MAP_FAILED.
+        // SAFETY: a fresh private anonymous reservation; no existing memory
+        // is touched. The result is checked against MAP_FAILED.
         let map = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
@@ -60,20 +85,35 @@ impl HostMemory {
             return None;
         }
         let map = NonNull::new(map.cast::<u8>())?;
-        // SAFETY: `map + PAGE .. map + PAGE + body` lies inside the mapping
-        // just created (map_len = body + 2 pages).
+        // SAFETY: `map + PAGE .. map + PAGE + body` lies inside the
+        // reservation just made (map_len = body + 2 pages).
         let body_ptr = unsafe { map.as_ptr().add(PAGE) };
-        // SAFETY: the range is inside our mapping and page aligned.
-        let rc =
-            unsafe { libc::mprotect(body_ptr.cast(), body, libc::PROT_READ | libc::PROT_WRITE) };
+        // SAFETY: replaces the middle of our own reservation (MAP_FIXED on
+        // memory we just reserved) with the memfd's pages.
+        let shared = unsafe {
+            libc::mmap(
+                body_ptr.cast(),
+                body,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_FIXED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
         let mem = HostMemory {
             ptr: NonNull::new(body_ptr)?,
             len,
             map,
             map_len,
+            fd,
         };
-        // On failure `mem` unmaps on drop.
-        (rc == 0).then_some(mem)
+        // On failure `mem` unmaps the reservation on drop.
+        (shared == body_ptr.cast::<libc::c_void>()).then_some(mem)
+    }
+
+    /// A second descriptor of the memfd, to hand to a compute worker.
+    pub fn share_fd(&self) -> Option<OwnedFd> {
+        self.fd.as_fd().try_clone_to_owned().ok()
     }
 
     /// Usable length in bytes.

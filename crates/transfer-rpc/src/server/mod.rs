@@ -14,14 +14,18 @@ pub mod admission;
 pub mod budget;
 pub mod cache;
 pub mod compute;
+#[cfg(feature = "ggml")]
+pub mod compute_worker;
 pub mod config;
 mod dispatch;
 #[cfg(feature = "ggml")]
 pub mod ggml_backend;
 pub mod host_memory;
+pub mod isolated;
 pub mod peer;
 pub mod registry;
 pub mod session;
+pub mod worker_ipc;
 
 use std::collections::HashMap;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};

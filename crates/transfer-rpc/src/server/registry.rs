@@ -56,6 +56,14 @@ impl Buffer {
         (mem.as_ptr(), mem.len())
     }
 
+    /// A descriptor of the buffer's memfd (for a compute worker to map).
+    pub fn share_fd(&self) -> Option<std::os::fd::OwnedFd> {
+        self.data
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .share_fd()
+    }
+
     /// Its region in the remote address space.
     pub fn region(&self) -> Region {
         Region {
@@ -172,6 +180,26 @@ impl BufferRegistry {
         inner.used = used;
         inner.buffers.insert(handle, Arc::clone(&buf));
         Some(buf)
+    }
+
+    /// Adds a buffer whose memory is mapped from elsewhere (a compute
+    /// worker mirrors the server's buffers with their handles and bases).
+    /// Not counted against the quota.
+    pub fn insert_mapped(&self, handle: u64, base: u64, size: u64, memory: HostMemory) {
+        let buf = Arc::new(Buffer {
+            handle,
+            base,
+            size,
+            device: 0,
+            owner: 0,
+            data: RwLock::new(memory),
+        });
+        self.lock().buffers.insert(handle, buf);
+    }
+
+    /// Drops a buffer added by [`BufferRegistry::insert_mapped`].
+    pub fn remove_mapped(&self, handle: u64) -> bool {
+        self.lock().buffers.remove(&handle).is_some()
     }
 
     /// The live buffer with this handle.

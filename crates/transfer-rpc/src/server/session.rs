@@ -282,6 +282,9 @@ impl Session {
             e.close(&self.shared);
         }
         let freed = self.shared.registry.free_all(self.id);
+        if freed > 0 {
+            self.shared.backend.buffers_freed();
+        }
         #[cfg(feature = "engine")]
         if let Some(e) = self.engine.as_ref() {
             e.link().sweep(&self.shared.registry);

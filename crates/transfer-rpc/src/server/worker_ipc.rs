@@ -1,0 +1,218 @@
+//! The messages between a server and its compute worker process, over a
+//! Unix stream socket pair. Each message is `len u32 | tag u8 | body`;
+//! MAP carries the buffer's memfd as SCM_RIGHTS ancillary data on the same
+//! send, so it arrives with the message's first bytes.
+//!
+//! | tag | direction | body |
+//! |---|---|---|
+//! | 1 MAP | server → worker | `handle u64 \| base u64 \| size u64` + memfd |
+//! | 2 UNMAP | server → worker | `handle u64` |
+//! | 3 COMPUTE | server → worker | GRAPH_COMPUTE payload (wire format) |
+//! | 4 RESULT | worker → server | `ok u8 \| reason bytes` |
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+/// MAP.
+pub const TAG_MAP: u8 = 1;
+/// UNMAP.
+pub const TAG_UNMAP: u8 = 2;
+/// COMPUTE.
+pub const TAG_COMPUTE: u8 = 3;
+/// RESULT.
+pub const TAG_RESULT: u8 = 4;
+
+/// Largest message accepted (a graph payload of the default limits is
+/// ~160 MB; the worker trusts its server, this only stops a corrupted
+/// length from allocating without bound).
+pub const MAX_MESSAGE: usize = 1 << 30;
+
+fn sendmsg_all(sock: RawFd, bytes: &[u8], fd: Option<BorrowedFd<'_>>) -> io::Result<()> {
+    let mut sent = 0usize;
+    let mut fd = fd;
+    while sent < bytes.len() {
+        let rest = bytes.get(sent..).unwrap_or_default();
+        let mut iov = libc::iovec {
+            iov_base: rest.as_ptr() as *mut libc::c_void,
+            iov_len: rest.len(),
+        };
+        // Room for one descriptor, aligned as cmsghdr wants.
+        let mut control = [0u64; 4];
+        // SAFETY: zeroed msghdr is a valid empty header.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        if let Some(f) = fd.take() {
+            // SAFETY: CMSG_SPACE/CMSG_LEN are pure arithmetic.
+            let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+            msg.msg_control = control.as_mut_ptr().cast();
+            msg.msg_controllen = space;
+            // SAFETY: msg_control points at `control` (32 bytes >= space
+            // for one int); CMSG_FIRSTHDR returns its start.
+            unsafe {
+                let c = libc::CMSG_FIRSTHDR(&msg);
+                (*c).cmsg_level = libc::SOL_SOCKET;
+                (*c).cmsg_type = libc::SCM_RIGHTS;
+                (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as usize;
+                std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<RawFd>(), f.as_raw_fd());
+            }
+        }
+        // SAFETY: msg describes live buffers for the duration of the call.
+        let n = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        sent += n as usize;
+    }
+    Ok(())
+}
+
+/// Sends one message (with `fd` attached to it, if any).
+pub fn send(
+    sock: BorrowedFd<'_>,
+    tag: u8,
+    body: &[u8],
+    fd: Option<BorrowedFd<'_>>,
+) -> io::Result<()> {
+    let len = u32::try_from(body.len() + 1)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "message too large"))?;
+    let mut frame = Vec::with_capacity(body.len() + 5);
+    frame.extend_from_slice(&len.to_le_bytes());
+    frame.push(tag);
+    frame.extend_from_slice(body);
+    sendmsg_all(sock.as_raw_fd(), &frame, fd)
+}
+
+/// Reads messages, keeping descriptors that arrive with them in order.
+#[derive(Debug, Default)]
+pub struct Receiver {
+    fds: VecDeque<OwnedFd>,
+}
+
+impl Receiver {
+    fn recv_exact(&mut self, sock: RawFd, out: &mut [u8]) -> io::Result<()> {
+        let mut got = 0usize;
+        while got < out.len() {
+            let rest = out.get_mut(got..).unwrap_or_default();
+            let mut iov = libc::iovec {
+                iov_base: rest.as_mut_ptr().cast(),
+                iov_len: rest.len(),
+            };
+            let mut control = [0u64; 8];
+            // SAFETY: zeroed msghdr is a valid empty header.
+            let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = control.as_mut_ptr().cast();
+            msg.msg_controllen = std::mem::size_of_val(&control);
+            // SAFETY: msg describes live buffers for the duration of the call.
+            let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            if n == 0 {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            // SAFETY: walking the control buffer the kernel filled, with the
+            // CMSG_* accessors; each SCM_RIGHTS entry holds whole ints.
+            unsafe {
+                let mut c = libc::CMSG_FIRSTHDR(&msg);
+                while !c.is_null() {
+                    if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                        let data = libc::CMSG_DATA(c).cast::<RawFd>();
+                        let header = libc::CMSG_LEN(0) as usize;
+                        let count = ((*c).cmsg_len - header) / std::mem::size_of::<RawFd>();
+                        for i in 0..count {
+                            let raw = std::ptr::read_unaligned(data.add(i));
+                            self.fds.push_back(OwnedFd::from_raw_fd(raw));
+                        }
+                    }
+                    c = libc::CMSG_NXTHDR(&msg, c);
+                }
+            }
+            got += n as usize;
+        }
+        Ok(())
+    }
+
+    /// The next message: its tag and body.
+    pub fn recv(&mut self, sock: BorrowedFd<'_>) -> io::Result<(u8, Vec<u8>)> {
+        let raw = sock.as_raw_fd();
+        let mut head = [0u8; 4];
+        self.recv_exact(raw, &mut head)?;
+        let len = u32::from_le_bytes(head) as usize;
+        if len == 0 || len > MAX_MESSAGE {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "bad message length",
+            ));
+        }
+        let mut body = Vec::new();
+        body.try_reserve_exact(len)
+            .map_err(|_| io::Error::new(io::ErrorKind::OutOfMemory, "message"))?;
+        body.resize(len, 0);
+        self.recv_exact(raw, &mut body)?;
+        let tag = body.remove(0);
+        Ok((tag, body))
+    }
+
+    /// The oldest descriptor received and not yet taken.
+    pub fn take_fd(&mut self) -> Option<OwnedFd> {
+        self.fds.pop_front()
+    }
+}
+
+/// Reads a little-endian u64 at `at`.
+pub fn u64_at(b: &[u8], at: usize) -> Option<u64> {
+    let s = b.get(at..at + 8)?;
+    let mut a = [0u8; 8];
+    a.copy_from_slice(s);
+    Some(u64::from_le_bytes(a))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+    use std::os::unix::net::UnixStream;
+
+    #[test]
+    fn messages_and_descriptors_cross() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let mem = crate::server::host_memory::HostMemory::zeroed(100).unwrap();
+        assert!(mem.copy_in(0, b"hello"));
+        let fd = mem.share_fd().unwrap();
+        // Larger than the socket buffer: the sender needs the reader going.
+        let sender = std::thread::spawn(move || {
+            send(a.as_fd(), TAG_MAP, &[1, 2, 3], Some(fd.as_fd())).unwrap();
+            send(a.as_fd(), TAG_COMPUTE, &vec![7u8; 300_000], None).unwrap();
+            a
+        });
+        let mut r = Receiver::default();
+        let (tag, body) = r.recv(b.as_fd()).unwrap();
+        assert_eq!((tag, body.as_slice()), (TAG_MAP, &[1u8, 2, 3][..]));
+        let got = r.take_fd().expect("descriptor");
+        // The other side maps the same pages.
+        let other = crate::server::host_memory::HostMemory::map_shared(got, 100).unwrap();
+        let mut out = [0u8; 5];
+        assert!(other.copy_out(0, &mut out));
+        assert_eq!(&out, b"hello");
+        assert!(other.copy_in(0, b"HELLO"));
+        assert!(mem.copy_out(0, &mut out));
+        assert_eq!(&out, b"HELLO");
+        let (tag, body) = r.recv(b.as_fd()).unwrap();
+        assert_eq!((tag, body.len()), (TAG_COMPUTE, 300_000));
+        assert!(r.take_fd().is_none());
+        drop(sender.join().unwrap());
+    }
+}
