@@ -1,11 +1,11 @@
 //! [`DomainGroup`]: the NICs one worker thread owns, and the bookkeeping of
 //! what is in flight on them (fabric-lib's `domain_group.rs`).
 //!
-//! A request arrives as a job ([`crate::job`]); the group plans it into
-//! per-NIC batches ([`crate::plan`], pure), resolves peers through its peer
+//! A request arrives as a job (`job.rs`); the group plans it into
+//! per-NIC batches (`plan.rs`, pure), resolves peers through its peer
 //! cache, submits one batch per NIC and counts the batches down
 //! ([`Countdown`]) to one notification. The worker thread around it
-//! ([`crate::worker`]) only feeds it jobs and polls it.
+//! (`worker.rs`) only feeds it jobs and polls it.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -49,11 +49,11 @@ impl InFlight {
     }
 }
 
-/// The [`PeerId`] each local NIC resolved for each peer's NIC set, so a
+/// The [`PeerId`] each local NIC resolved for each peer's domain group, so a
 /// peer is resolved once per NIC, not once per write.
 #[derive(Default)]
 struct PeerCache {
-    /// `(peer id, its NIC set index)` -> one slot per NIC.
+    /// `(peer id, its domain group index)` -> one slot per NIC.
     ids: HashMap<(u64, u32), Vec<Option<PeerId>>>,
 }
 
@@ -64,20 +64,24 @@ struct Resolver<'a, D> {
 }
 
 impl<D: Domain> Resolve for Resolver<'_, D> {
-    fn resolve(&mut self, peer: &Peer, remote_set: u32, nic: usize) -> Result<PeerId> {
+    fn resolve(&mut self, peer: &Peer, peer_domain_group: u32, nic: usize) -> Result<PeerId> {
         const CALL: &str = "resolve peer";
-        let slots = self.cache.ids.entry((peer.0.id, remote_set)).or_default();
+        let slots = self
+            .cache
+            .ids
+            .entry((peer.0.id, peer_domain_group))
+            .or_default();
         if let Some(Some(id)) = slots.get(nic) {
             return Ok(*id);
         }
         let addr = peer
             .0
             .addr
-            .group(CALL, remote_set as usize)?
+            .group(CALL, peer_domain_group as usize)?
             .nics
             .get(nic)
             .ok_or_else(|| {
-                TransferError::invalid(CALL, format!("peer NIC set has no NIC {nic}"))
+                TransferError::invalid(CALL, format!("peer domain group has no NIC {nic}"))
             })?;
         let domain = self
             .domains
@@ -393,7 +397,7 @@ impl<D: Domain> DomainGroup<D> {
         self.launch(built, j.notify, None, sinks);
     }
 
-    /// Sends a message from NIC 0 to the peer's NIC 0 of its NIC set 0.
+    /// Sends a message from NIC 0 to the peer's NIC 0 of its domain group 0.
     pub(crate) fn send(&mut self, peer: &Peer, data: Vec<u8>, notify: Notify, sinks: &Sinks) {
         let resolved = Resolver {
             cache: &mut self.peers,

@@ -83,7 +83,7 @@ pub(crate) enum Job {
 }
 
 impl Job {
-    /// The job of an admitted request, and the NIC set (worker) it goes
+    /// The job of an admitted request, and the domain group (worker) it goes
     /// to: the source region's, or set 0 for barriers and messages.
     pub(crate) fn for_request(request: Request<'_>, notify: Notify) -> (usize, Job) {
         match request {

@@ -6,10 +6,33 @@
 //! multi-NIC sharding and the worker threads that own the NICs.
 //!
 //! Backends implement [`Domain`]; see the `transfer-efa` and
-//! `transfer-verbs` crates. Layering, bottom up: value types (`addr`,
-//! `memory`, `request`) -> backend contract (`domain`, `group`) -> pure
-//! arithmetic (`shard`) -> receiver counters (`imm_counter`) -> worker
-//! threads (`worker`, `idle`, `topology`) -> public API (`engine`).
+//! `transfer-verbs` crates.
+//!
+//! # Where to read what
+//! Bottom up, one concern per file:
+//! - value types: `addr` (addresses), `memory` (descriptors), `region`
+//!   (registered memory), `peer`, `request` (what users submit), `error`;
+//! - the backend contract: `domain` ([`Domain`], one NIC);
+//! - pure planning, no threads: `shard` (how many bytes and pages per NIC,
+//!   what receivers count) and `plan` (a request -> per-NIC batches of
+//!   writes, with keys, registrations and immediates);
+//! - bookkeeping: `countdown` (one operation of many parts, one outcome,
+//!   also used by the backends), `group` ([`DomainGroup`]: a worker's NICs,
+//!   its peer cache, batches and operations in flight), `imm_counter`
+//!   (receiver counters), `recv_pool`;
+//! - threads: `job` (what crosses to a worker), `worker` (its queue and
+//!   loop), `idle` ([`IdleState`], how polling threads wait), `callbacks`,
+//!   `topology`;
+//! - the public API: `engine` ([`TransferEngine`], [`EngineBuilder`]).
+//!
+//! # Three kinds of group
+//! - a **domain group** is the NICs one worker thread owns ([`DomainGroup`],
+//!   [`GroupAddress`]); every `group: usize` argument of the engine and
+//!   [`LocalRegion::group`] is the index of one;
+//! - a **peer group** is a list of remote targets for scatter and barrier
+//!   ([`PeerGroup`], [`TransferEngine::add_group`]);
+//! - a **pipeline group** exists only in `transfer-rpc` (the servers of one
+//!   pipeline stage) and never here.
 
 pub mod addr;
 mod callbacks;

@@ -9,7 +9,7 @@
 //! - local NIC `i` posts with the source's registration on NIC `i` and the
 //!   remote key of the destination's NIC `i`;
 //! - a piece longer than the NICs' write limit is posted as several writes;
-//! - an in-order NIC set carries the immediate on the last write of each
+//! - an in-order domain group carries the immediate on the last write of each
 //!   NIC's share only (it lands last); an unordered one on every write (each
 //!   immediate is the only sign that its write landed). Receivers count the
 //!   same numbers with [`crate::shard::expected_imms`].
@@ -21,7 +21,7 @@ use crate::peer::{Peer, RemoteTarget};
 use crate::request::Pages;
 use crate::shard::{ShardPolicy, shard_single_write, split_pages, split_write};
 
-/// What planning needs to know about the local NIC set.
+/// What planning needs to know about the local domain group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Layout {
     /// Number of local NICs.
@@ -60,15 +60,15 @@ pub(crate) struct PagedPiece<'a> {
     pub(crate) page_len: u64,
 }
 
-/// Resolves `(peer, its NIC set index, NIC)` to the id the local NIC of
+/// Resolves `(peer, its domain group index, NIC)` to the id the local NIC of
 /// that index knows the peer's NIC by.
 pub(crate) trait Resolve {
-    fn resolve(&mut self, peer: &Peer, remote_set: u32, nic: usize) -> Result<PeerId>;
+    fn resolve(&mut self, peer: &Peer, peer_domain_group: u32, nic: usize) -> Result<PeerId>;
 }
 
 impl<F: FnMut(&Peer, u32, usize) -> Result<PeerId>> Resolve for F {
-    fn resolve(&mut self, peer: &Peer, remote_set: u32, nic: usize) -> Result<PeerId> {
-        self(peer, remote_set, nic)
+    fn resolve(&mut self, peer: &Peer, peer_domain_group: u32, nic: usize) -> Result<PeerId> {
+        self(peer, peer_domain_group, nic)
     }
 }
 

@@ -1,7 +1,7 @@
 //! What users submit: one request type per operation, and [`Request`],
 //! any one of them, which [`crate::TransferEngine::submit`] takes.
 //!
-//! A request is checked here ([`Request::check`]: ranges against the
+//! A request is checked here (`Request::check`: ranges against the
 //! regions, page lists) before anything reaches a worker, so a refused
 //! request never costs a queue slot.
 
@@ -131,7 +131,7 @@ impl<'a> ScatterRequest<'a> {
 }
 
 /// An immediate-only (zero-byte) write to every target: each receiver
-/// counts exactly one arrival of `imm`. Goes out on NIC set 0.
+/// counts exactly one arrival of `imm`. Goes out on domain group 0.
 #[derive(Debug, Clone)]
 pub struct BarrierRequest {
     /// The targets (shared: a [`PeerGroup`]'s members are not copied).
@@ -158,7 +158,7 @@ impl BarrierRequest {
     }
 }
 
-/// A two-sided message: NIC 0 of NIC set 0 to the peer's NIC 0 of its NIC
+/// A two-sided message: NIC 0 of domain group 0 to the peer's NIC 0 of its NIC
 /// set 0. `data` is copied at submit: the caller may reuse it at once.
 #[derive(Debug, Clone, Copy)]
 pub struct SendRequest<'a> {
