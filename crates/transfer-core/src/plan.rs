@@ -310,6 +310,22 @@ mod tests {
         }
     }
 
+    /// Plans one single write of `len` bytes from source offset `at` to
+    /// destination offset `at * 2`, and returns every write with its NIC.
+    fn single(l: Layout, dst: &RemoteTarget, at: u64, len: u64, start: usize) -> Plan {
+        let mut plan = Plan::new(l);
+        plan.begin();
+        let piece = Piece {
+            src_offset: at,
+            dst,
+            dst_offset: at * 2,
+            len,
+        };
+        plan.single(src(), piece, Some(5), start, &mut by_nic)
+            .unwrap();
+        plan
+    }
+
     fn all(plan: &Plan) -> Vec<(usize, WriteOp)> {
         plan.batches()
             .flat_map(|(nic, b)| b.iter().map(move |w| (nic, *w)))
@@ -322,17 +338,13 @@ mod tests {
 
     #[test]
     fn a_large_write_is_sharded_with_each_nics_keys() {
-        let (l, dst) = (layout(2, false, 0), target(2, 4096 * KIB));
-        let mut plan = Plan::new(l);
-        plan.begin();
-        let piece = Piece {
-            src_offset: 8,
-            dst: &dst,
-            dst_offset: 16,
-            len: 1024 * KIB,
-        };
-        plan.single(src(), piece, Some(5), 1, &mut by_nic).unwrap();
-        let ops = all(&plan);
+        let ops = all(&single(
+            layout(2, false, 0),
+            &target(2, 4096 * KIB),
+            8,
+            1024 * KIB,
+            1,
+        ));
         assert_eq!(ops.len(), 2);
         // The first shard starts on NIC 1 (start 1) and covers bytes 0..512 KiB.
         let on1 = ops.iter().find(|(n, _)| *n == 1).unwrap().1;
@@ -349,37 +361,18 @@ mod tests {
     }
 
     #[test]
-    fn a_small_write_stays_on_its_start_nic() {
-        let (l, dst) = (layout(4, true, 0), target(4, KIB));
-        let mut plan = Plan::new(l);
-        plan.begin();
-        let piece = Piece {
-            src_offset: 0,
-            dst: &dst,
-            dst_offset: 0,
-            len: 100,
-        };
-        plan.single(src(), piece, None, 6, &mut by_nic).unwrap();
-        let ops = all(&plan);
+    fn a_small_write_stays_on_its_start_nic_and_in_order_keeps_one_immediate() {
+        let ops = all(&single(layout(4, true, 0), &target(4, KIB), 0, 100, 6));
         assert_eq!(ops.len(), 1);
         assert_eq!(ops[0].0, 2);
-        assert_eq!(ops[0].1.imm, None);
+        assert_eq!(ops[0].1.imm, Some(5));
     }
 
     #[test]
     fn pieces_above_the_write_limit_carry_the_immediate_as_the_receiver_counts() {
         for ordered in [true, false] {
-            let (l, dst) = (layout(2, ordered, 100 * KIB), target(2, 4096 * KIB));
-            let mut plan = Plan::new(l);
-            plan.begin();
-            let len = 1024 * KIB;
-            let piece = Piece {
-                src_offset: 0,
-                dst: &dst,
-                dst_offset: 0,
-                len,
-            };
-            plan.single(src(), piece, Some(1), 0, &mut by_nic).unwrap();
+            let (l, len) = (layout(2, ordered, 100 * KIB), 1024 * KIB);
+            let plan = single(l, &target(2, 4096 * KIB), 0, len, 0);
             let ops = all(&plan);
             assert!(ops.iter().all(|(_, w)| w.len as u64 <= 100 * KIB));
             assert_eq!(ops.iter().map(|(_, w)| w.len as u64).sum::<u64>(), len);
@@ -401,18 +394,29 @@ mod tests {
     }
 
     #[test]
+    fn a_remote_with_fewer_nics_gets_all_shards_on_shared_ones() {
+        let plan = single(
+            layout(4, false, 0),
+            &target(1, 4096 * KIB),
+            0,
+            2048 * KIB,
+            3,
+        );
+        assert!(all(&plan).iter().all(|(n, _)| *n == 0));
+    }
+
+    #[test]
     fn pages_are_divided_in_blocks_per_nic() {
         let (l, dst) = (layout(2, true, 0), target(2, 1 << 20));
-        let src_pages = Pages {
-            indices: vec![0, 1, 2, 3, 4],
+        let pages = |indices: Vec<u32>, offset: u64| Pages {
+            indices,
             stride: 4096,
-            offset: 0,
+            offset,
         };
-        let dst_pages = Pages {
-            indices: vec![9, 8, 7, 6, 5],
-            stride: 4096,
-            offset: 100,
-        };
+        let (src_pages, dst_pages) = (
+            pages(vec![0, 1, 2, 3, 4], 0),
+            pages(vec![9, 8, 7, 6, 5], 100),
+        );
         let mut plan = Plan::new(l);
         plan.begin();
         let paged = PagedPiece {
@@ -434,40 +438,21 @@ mod tests {
 
     #[test]
     fn a_barrier_is_one_zero_byte_immediate_per_target_round_robin() {
-        let l = layout(2, false, 0);
         let targets = vec![target(2, 64), target(2, 64), target(1, 64)];
-        let mut plan = Plan::new(l);
+        let mut plan = Plan::new(layout(2, false, 0));
         plan.begin();
         plan.barrier(src(), &targets, 7, 1, &mut by_nic).unwrap();
-        let nics: Vec<usize> = all(&plan).iter().map(|(n, _)| *n).collect();
+        let ops = all(&plan);
         // Target 0 on NIC 1, target 1 on NIC 0, target 2 has one NIC only.
+        let nics: Vec<usize> = ops.iter().map(|(n, _)| *n).collect();
         assert_eq!(nics, [0, 0, 1]);
-        assert!(
-            all(&plan)
-                .iter()
-                .all(|(_, w)| w.len == 0 && w.imm == Some(7))
-        );
-    }
-
-    #[test]
-    fn a_remote_with_fewer_nics_gets_all_shards_on_shared_ones() {
-        let (l, dst) = (layout(4, false, 0), target(1, 4096 * KIB));
-        let mut plan = Plan::new(l);
-        plan.begin();
-        let piece = Piece {
-            src_offset: 0,
-            dst: &dst,
-            dst_offset: 0,
-            len: 2048 * KIB,
-        };
-        plan.single(src(), piece, None, 3, &mut by_nic).unwrap();
-        assert!(all(&plan).iter().all(|(n, _)| *n == 0));
+        assert!(ops.iter().all(|(_, w)| w.len == 0 && w.imm == Some(7)));
     }
 
     #[test]
     fn a_resolve_error_ends_planning() {
-        let (l, dst) = (layout(1, false, 0), target(1, 64));
-        let mut plan = Plan::new(l);
+        let dst = target(1, 64);
+        let mut plan = Plan::new(layout(1, false, 0));
         plan.begin();
         let piece = Piece {
             src_offset: 0,

@@ -101,11 +101,7 @@ impl TestDomain {
         let target = s
             .nics
             .get_mut(&nic)
-            .ok_or_else(|| TransferError::PeerUnreachable {
-                call: CALL,
-                cause: PeerLoss::Dead,
-                reason: "test NIC is gone".into(),
-            })?;
+            .ok_or_else(|| TransferError::unreachable(CALL, PeerLoss::Dead, "test NIC is gone"))?;
         let mr =
             *target
                 .remote_mrs
@@ -151,11 +147,11 @@ impl TestDomain {
             return Some(Err(TransferError::invalid(CALL, "unknown peer id")));
         };
         let Some(target) = s.nics.get_mut(&nic) else {
-            return Some(Err(TransferError::PeerUnreachable {
-                call: CALL,
-                cause: PeerLoss::Dead,
-                reason: "test NIC is gone".into(),
-            }));
+            return Some(Err(TransferError::unreachable(
+                CALL,
+                PeerLoss::Dead,
+                "test NIC is gone",
+            )));
         };
         let (token, ptr, len) = target.posted.pop_front()?;
         if data.len() > len {
@@ -210,14 +206,13 @@ impl Domain for TestDomain {
             len: span.len,
             base,
         };
-        let nic = s
-            .nics
-            .get_mut(&self.id)
-            .ok_or_else(|| TransferError::PeerUnreachable {
-                call: "TestDomain::register",
-                cause: PeerLoss::Dead,
-                reason: "this NIC was killed".into(),
-            })?;
+        let nic = s.nics.get_mut(&self.id).ok_or_else(|| {
+            TransferError::unreachable(
+                "TestDomain::register",
+                PeerLoss::Dead,
+                "this NIC was killed",
+            )
+        })?;
         nic.remote_mrs.insert(key, mr);
         drop(s);
         let id = self.next_mr;
@@ -275,14 +270,13 @@ impl Domain for TestDomain {
         len: usize,
     ) -> Result<()> {
         let mut s = self.fabric.lock();
-        let nic = s
-            .nics
-            .get_mut(&self.id)
-            .ok_or_else(|| TransferError::PeerUnreachable {
-                call: "TestDomain::post_recv",
-                cause: PeerLoss::Dead,
-                reason: "this NIC was killed".into(),
-            })?;
+        let nic = s.nics.get_mut(&self.id).ok_or_else(|| {
+            TransferError::unreachable(
+                "TestDomain::post_recv",
+                PeerLoss::Dead,
+                "this NIC was killed",
+            )
+        })?;
         nic.posted.push_back((token.0, buf as usize, len));
         Ok(())
     }

@@ -84,11 +84,8 @@ impl LibfabricDomain {
             })
             .collect();
         for op in ops {
-            let err = TransferError::PeerUnreachable {
-                call: "libfabric transfer",
-                cause: PeerLoss::Dead,
-                reason: reason.clone(),
-            };
+            let err =
+                TransferError::unreachable("libfabric transfer", PeerLoss::Dead, reason.clone());
             if let Some(ev) = self.ops.abort(op, err) {
                 self.ready.push(ev);
             }

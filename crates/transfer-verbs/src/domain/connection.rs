@@ -247,20 +247,20 @@ impl VerbsDomain {
             return;
         }
         if a.close {
-            let err = TransferError::PeerUnreachable {
-                call: "verbs connection",
-                cause: PeerLoss::Closed,
-                reason: "the peer closed the connection".into(),
-            };
+            let err = TransferError::unreachable(
+                "verbs connection",
+                PeerLoss::Closed,
+                "the peer closed the connection",
+            );
             self.close_peer(p, &err, State::Idle);
             return;
         }
         if a.rebuild {
-            let err = TransferError::PeerUnreachable {
-                call: "verbs connection",
-                cause: PeerLoss::Reconnecting,
-                reason: "the peer re-established the connection".into(),
-            };
+            let err = TransferError::unreachable(
+                "verbs connection",
+                PeerLoss::Reconnecting,
+                "the peer re-established the connection",
+            );
             self.reconnect(pid, p, &err);
         }
         if a.repoint {
@@ -320,15 +320,15 @@ impl VerbsDomain {
             if now.duration_since(p.started) > self.cfg.handshake_timeout {
                 trace!("peer {pid}: handshake timed out");
                 self.handshaking.remove(&pid);
-                let err = TransferError::PeerUnreachable {
-                    call: "verbs handshake",
-                    cause: PeerLoss::Dead,
-                    reason: format!(
+                let err = TransferError::unreachable(
+                    "verbs handshake",
+                    PeerLoss::Dead,
+                    format!(
                         "no answer from the peer's UD QP {:#x} within {} ms",
                         p.addr.ud_qpn,
                         self.cfg.handshake_timeout.as_millis()
                     ),
-                };
+                );
                 self.close_peer(&mut p, &err, State::Dead(err.clone()));
                 if !p.resolved {
                     // A passive entry nobody uses: forget it entirely.

@@ -25,11 +25,11 @@ impl VerbsDomain {
         let r = match &p.state {
             State::Dead(e) => Err(e.clone()),
             State::Idle => {
-                let err = TransferError::PeerUnreachable {
-                    call: "verbs connection",
-                    cause: PeerLoss::Reconnecting,
-                    reason: "reconnecting".into(),
-                };
+                let err = TransferError::unreachable(
+                    "verbs connection",
+                    PeerLoss::Reconnecting,
+                    "reconnecting",
+                );
                 self.reconnect(peer.0, &mut p, &err);
                 Ok(())
             }
@@ -41,11 +41,11 @@ impl VerbsDomain {
                 None => {
                     let e = match &p.state {
                         State::Dead(e) => e.clone(),
-                        _ => TransferError::PeerUnreachable {
-                            call: "verbs submit",
-                            cause: PeerLoss::Reconnecting,
-                            reason: "no connection".into(),
-                        },
+                        _ => TransferError::unreachable(
+                            "verbs submit",
+                            PeerLoss::Reconnecting,
+                            "no connection",
+                        ),
                     };
                     self.peers.insert(peer.0, p);
                     return Err(e);

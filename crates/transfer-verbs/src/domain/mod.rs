@@ -379,11 +379,7 @@ impl Domain for VerbsDomain {
         if p.chans.is_some() {
             self.send_hello(&p, true);
         }
-        let err = TransferError::PeerUnreachable {
-            call: "remove_peer",
-            cause: PeerLoss::Forgotten,
-            reason: "peer removed".into(),
-        };
+        let err = TransferError::unreachable("remove_peer", PeerLoss::Forgotten, "peer removed");
         self.close_peer(&mut p, &err, State::Idle);
     }
 
