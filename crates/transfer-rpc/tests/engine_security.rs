@@ -13,6 +13,8 @@ use std::time::Duration;
 
 use common::*;
 use transfer_core::{EngineAddress, RemoteKey, RemoteRegion, WriteRequest};
+use transfer_rpc::client::EngineWrite;
+use transfer_rpc::engine_link::ticket::LaneTicket;
 use transfer_rpc::engine_link::{EngineLink, EngineLinkConfig};
 use transfer_rpc::server::{ServerConfig, ServerHandle};
 
@@ -80,7 +82,7 @@ fn a_lane_descriptor_reaches_its_range_and_nothing_else() {
         .engine_open_inbound(h, LANE_AT, LANE_LEN, attacker.address_bytes())
         .unwrap()
         .expect("inbound lane");
-    let desc = RemoteRegion::from_bytes(&lane.descriptor).unwrap();
+    let desc = LaneTicket::from_bytes(&lane.descriptor).unwrap().data;
     assert_eq!(desc.len, LANE_LEN);
 
     // 1. The descriptor rewritten to start at the buffer's first byte and
@@ -132,4 +134,75 @@ fn a_lane_descriptor_reaches_its_range_and_nothing_else() {
             .unwrap()
     );
     assert_eq!(lb.targets(), 0);
+}
+
+/// Issue 11: a client with a session on the *sending* server names another
+/// tenant's lane (its own ticket, the victim's lane id) and sends the
+/// immediate the victim waits for. The victim's wait must not succeed on
+/// it; the real write still completes the next wait with the real data.
+#[test]
+fn a_stray_immediate_does_not_complete_another_sessions_wait() {
+    let (Some(la), Some(lb)) = (link(), link()) else {
+        return;
+    };
+    let (sa, sb) = (server(&la), server(&lb));
+    let n = 1024u32;
+    let bytes = u64::from(n) * 4;
+    // The victim: a lane on B, an outbound from its session on A.
+    let mut vb = connect(&sb);
+    let (hb, bb) = alloc(&mut vb, BUF);
+    let vdst = f32_tensor(1, hb, bb, 0, n);
+    let lane = vb
+        .engine_open_inbound(hb, 0, bytes, la.address_bytes())
+        .unwrap()
+        .expect("victim lane");
+    let mut va = connect(&sa);
+    let (ha, ba) = alloc(&mut va, BUF);
+    let vsrc = f32_tensor(1, ha, ba, 0, n);
+    let vout = va
+        .engine_open_outbound(lb.address_bytes(), &lane.descriptor, lane.lane)
+        .unwrap()
+        .expect("victim outbound");
+    // The attacker: a lane of its own on B (a valid ticket), used from its
+    // own session on A under the victim's lane id.
+    let mut xb = connect(&sb);
+    let (hx, _) = alloc(&mut xb, BUF);
+    let own = xb
+        .engine_open_inbound(hx, 0, bytes, la.address_bytes())
+        .unwrap()
+        .expect("attacker lane");
+    let mut xa = connect(&sa);
+    let (hxa, bxa) = alloc(&mut xa, BUF);
+    let xsrc = f32_tensor(1, hxa, bxa, 0, n);
+    let xout = xa
+        .engine_open_outbound(lb.address_bytes(), &own.descriptor, lane.lane)
+        .unwrap()
+        .expect("the sender cannot tell the lane id is not the ticket's");
+    let spoof = |seq| EngineWrite {
+        outbound: xout,
+        src: &xsrc,
+        src_offset: 0,
+        size: bytes,
+        dst_offset: 0,
+        seq,
+    };
+    assert!(xa.engine_write(&spoof(0)).unwrap());
+    assert!(
+        !vb.engine_wait(lane.lane, 0, bytes, 500).unwrap(),
+        "a stray immediate completed the victim's wait"
+    );
+    // The real write completes the victim's next wait, with its data.
+    let data: Vec<u8> = (0..bytes).map(|i| (i % 253) as u8).collect();
+    va.set_tensor(&vsrc, 0, &data).unwrap();
+    let real = EngineWrite {
+        outbound: vout,
+        src: &vsrc,
+        src_offset: 0,
+        size: bytes,
+        dst_offset: 0,
+        seq: 1,
+    };
+    assert!(va.engine_write(&real).unwrap());
+    assert!(vb.engine_wait(lane.lane, 1, bytes, 5000).unwrap());
+    assert_eq!(vb.get_tensor(&vdst, 0, bytes).unwrap(), data);
 }

@@ -51,6 +51,8 @@ pub struct EngineLink {
     /// Registrations whose buffer is gone but whose unregister was refused
     /// (a write still posted): kept, memory included, and retried.
     retired: Mutex<Vec<Registered>>,
+    /// Engine-owned regions (lane slot rings) whose unregister was refused.
+    retired_own: Mutex<Vec<LocalRegion>>,
 }
 
 impl std::fmt::Debug for EngineLink {
@@ -144,6 +146,7 @@ impl EngineLink {
             lanes: LaneTable::new(),
             regions: Mutex::new(HashMap::new()),
             targets: Mutex::new(HashMap::new()),
+            retired_own: Mutex::new(Vec::new()),
             retired: Mutex::new(Vec::new()),
         }))
     }
@@ -361,8 +364,23 @@ impl EngineLink {
         }
     }
 
+    /// Unregisters an engine-owned region (a slot ring), or keeps it until
+    /// a later retry when a write still touches it.
+    pub fn drop_region(&self, region: LocalRegion) {
+        match self.engine.unregister(&region) {
+            Ok(()) | Err(TransferError::RegionUnregistered { .. }) => {}
+            Err(_) => lock(&self.retired_own).push(region),
+        }
+    }
+
     /// Tries again to unregister retired regions; frees those that went.
     pub fn retry_retired(&self) {
+        lock(&self.retired_own).retain(|r| {
+            !matches!(
+                self.engine.unregister(r),
+                Ok(()) | Err(TransferError::RegionUnregistered { .. })
+            )
+        });
         let mut retired = lock(&self.retired);
         retired.retain(|r| {
             !matches!(

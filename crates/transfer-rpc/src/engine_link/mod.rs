@@ -7,6 +7,8 @@
 //! - [`lanes`]: server-wide lane ids (immediates are engine-wide).
 //! - [`session_state`]: one session's inbound lanes, outbound targets and
 //!   posted writes, and the handlers of the ENGINE_* commands.
+//! - [`ticket`]: what a lane's opener gets and its sender needs: the
+//!   range, the slot ring and the secret that make a wait unforgeable.
 //!
 //! # Memory safety
 //! A registered buffer's memory is kept alive by the registration (it holds
@@ -23,6 +25,7 @@ pub mod config;
 pub mod lanes;
 pub mod link;
 pub mod session_state;
+pub mod ticket;
 
 pub use config::EngineLinkConfig;
 pub use lanes::LaneTable;

@@ -9,9 +9,10 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use transfer_core::{EngineAddress, Pending, RemoteRegion, RemoteTarget, WriteRequest, WriteShape};
+use transfer_core::{EngineAddress, LocalRegion, Pending, RemoteTarget, WriteRequest, WriteShape};
 
 use super::link::EngineLink;
+use super::ticket::{LaneTicket, SLOT_BYTES, SLOTS, new_secret, slot_offset, slot_value};
 use crate::protocol::engine::{
     CloseKind, LaneId, MAX_ENGINE_BYTES, MAX_LANE, OutboundId, PROBE_LANE, lane_imm,
 };
@@ -22,11 +23,19 @@ use crate::validate::check_tensor;
 struct Inbound {
     sender: EngineAddress,
     size: u64,
+    /// The lane's secret and slot ring ([`super::ticket`]).
+    secret: u64,
+    slots: LocalRegion,
 }
 
 struct Outbound {
     target: RemoteTarget,
     lane: LaneId,
+    /// Where this sender proves each write: the destination's slot ring.
+    slot_target: RemoteTarget,
+    secret: u64,
+    /// Local source of the slot writes, one entry per slot.
+    ring: LocalRegion,
 }
 
 struct PostedWrite {
@@ -156,14 +165,25 @@ impl EngineSession {
             }
             Request::EngineClose { kind, id } => {
                 let closed = match kind {
-                    CloseKind::Inbound => {
-                        let open = self.inbound.remove(&LaneId(id)).is_some();
-                        if open {
+                    CloseKind::Inbound => match self.inbound.remove(&LaneId(id)) {
+                        Some(inb) => {
                             self.link.close_target(LaneId(id));
+                            self.link.drop_region(inb.slots);
+                            self.link.lanes().free(LaneId(id), self.session)
                         }
-                        open && self.link.lanes().free(LaneId(id), self.session)
+                        None => false,
+                    },
+                    CloseKind::Outbound => {
+                        // Posted writes may still read the ring.
+                        self.settle(shared);
+                        match self.outbound.remove(&OutboundId(id)) {
+                            Some(o) => {
+                                self.link.drop_region(o.ring);
+                                true
+                            }
+                            None => false,
+                        }
                     }
-                    CloseKind::Outbound => self.outbound.remove(&OutboundId(id)).is_some(),
                 };
                 if !closed {
                     self.log(shared, &format!("ENGINE_CLOSE of unknown {kind:?} {id}"));
@@ -221,11 +241,31 @@ impl EngineSession {
             .ok_or("every lane of this server is in use")?;
         // Only the lane's range is registered: the descriptor is the whole
         // of what a sender can reach, however it is rewritten.
+        let secret = new_secret().ok_or("no randomness from the OS")?;
+        let slots = match self
+            .link
+            .engine()
+            .alloc_host((SLOTS * SLOT_BYTES) as usize, 0)
+        {
+            Ok(r) => r,
+            Err(e) => {
+                self.link.lanes().free(lane, self.session);
+                return Err(e.to_string());
+            }
+        };
+        let slot_desc = slots.remote().clone();
         let described = self
             .link
             .register_target(CALL, lane, &buffer, offset, size)
             .map_err(|e| e.to_string())
-            .and_then(|desc| desc.to_bytes().map_err(|e| e.to_string()))
+            .and_then(|data| {
+                LaneTicket {
+                    data,
+                    slots: slot_desc,
+                    secret,
+                }
+                .to_bytes()
+            })
             .and_then(|d| {
                 if d.len() > MAX_ENGINE_BYTES {
                     Err(format!("descriptor of {} bytes", d.len()))
@@ -243,11 +283,20 @@ impl EngineSession {
             Ok(d) => d,
             Err(e) => {
                 self.link.close_target(lane);
+                self.link.drop_region(slots);
                 self.link.lanes().free(lane, self.session);
                 return Err(e);
             }
         };
-        self.inbound.insert(lane, Inbound { sender, size });
+        self.inbound.insert(
+            lane,
+            Inbound {
+                sender,
+                size,
+                secret,
+                slots,
+            },
+        );
         Ok(Response::EngineInbound {
             ok: 1,
             lane,
@@ -268,20 +317,36 @@ impl EngineSession {
             return Err(format!("lane {} is not 1..={MAX_LANE}", lane.0));
         }
         let addr = EngineAddress::from_bytes(destination).map_err(|e| e.to_string())?;
-        let region = RemoteRegion::from_bytes(descriptor).map_err(|e| e.to_string())?;
+        let ticket = LaneTicket::from_bytes(descriptor)?;
         let engine = self.link.engine();
         let peer = engine.peer(&addr).map_err(|e| e.to_string())?;
-        let target = engine.remote(&peer, region).map_err(|e| e.to_string())?;
+        let target = engine
+            .remote(&peer, ticket.data)
+            .map_err(|e| e.to_string())?;
+        let slot_target = engine
+            .remote(&peer, ticket.slots)
+            .map_err(|e| e.to_string())?;
         self.link
             .probe(&target)
             .map_err(|e| format!("the destination cannot be reached: {e}"))?;
+        let ring = engine
+            .alloc_host((SLOTS * SLOT_BYTES) as usize, 0)
+            .map_err(|e| e.to_string())?;
         let mut id = self.next_outbound;
         while id == 0 || self.outbound.contains_key(&OutboundId(id)) {
             id = id.wrapping_add(1);
         }
         self.next_outbound = id.wrapping_add(1);
-        self.outbound
-            .insert(OutboundId(id), Outbound { target, lane });
+        self.outbound.insert(
+            OutboundId(id),
+            Outbound {
+                target,
+                lane,
+                slot_target,
+                secret: ticket.secret,
+                ring,
+            },
+        );
         Ok(Response::EngineOutbound {
             ok: 1,
             id: OutboundId(id),
@@ -304,6 +369,16 @@ impl EngineSession {
         if let Some(f) = self.failure.take() {
             return Err(format!("an earlier write failed: {f}"));
         }
+        // The ring entry of this seq must not still be on its way for the
+        // write SLOTS before.
+        let slot_index = u64::from(seq) % SLOTS;
+        while self
+            .posted
+            .iter()
+            .any(|w| w.outbound == outbound && u64::from(w.seq) % SLOTS == slot_index)
+        {
+            self.settle_oldest(shared, self.link.config().settle_timeout);
+        }
         let o = self
             .outbound
             .get(&outbound)
@@ -325,8 +400,11 @@ impl EngineSession {
             .region_for(CALL, &buffer)
             .map_err(|e| e.to_string())?;
         let target = o.target.clone();
+        let slot_target = o.slot_target.clone();
+        let ring = o.ring.clone();
+        let proof = slot_value(o.secret, seq);
         let imm = lane_imm(o.lane, seq);
-        if self.posted.len() >= self.link.config().max_pending_writes {
+        if self.posted.len() + 1 >= self.link.config().max_pending_writes {
             self.settle_oldest(shared, self.link.config().settle_timeout);
         }
         let pending = self
@@ -343,6 +421,32 @@ impl EngineSession {
             .map_err(|e| e.to_string())?;
         self.posted.push_back(PostedWrite {
             pending,
+            outbound,
+            seq,
+        });
+        // Then the proof (secret, seq) into the lane's slot: the
+        // destination's wait needs the immediates *and* the proof. Posted
+        // after the data, so on an in-order transport with one NIC (verbs RC)
+        // a proof that landed means the data landed; on unordered ones (libfabric)
+        // a stray immediate sent while the real write is in flight can
+        // still end the wait before its last piece is placed.
+        let at_slot = slot_offset(seq);
+        ring.write_at(at_slot as usize, &proof)
+            .map_err(|e| e.to_string())?;
+        let proved = self
+            .link
+            .engine()
+            .write(WriteRequest {
+                src: &ring,
+                src_offset: at_slot,
+                dst: &slot_target,
+                dst_offset: at_slot,
+                len: SLOT_BYTES,
+                imm: None,
+            })
+            .map_err(|e| e.to_string())?;
+        self.posted.push_back(PostedWrite {
+            pending: proved,
             outbound,
             seq,
         });
@@ -373,9 +477,31 @@ impl EngineSession {
             .expected_imms(&inbound.sender, 0, 0, WriteShape::Single { len: size })
             .map_err(|e| e.to_string())?;
         let timeout = Duration::from_millis(u64::from(timeout_ms)).min(self.link.config().max_wait);
+        let deadline = Instant::now() + timeout;
         engine
             .wait_imm(lane_imm(lane, seq), expected, timeout)
             .map_err(|e| format!("lane {} seq {seq}: {e}", lane.0))?;
+        // The immediates alone prove nothing (any sender can send any
+        // immediate): the slot must hold this lane's secret and this seq.
+        let want = slot_value(inbound.secret, seq);
+        let mut got = [0u8; SLOT_BYTES as usize];
+        loop {
+            inbound
+                .slots
+                .read_at(slot_offset(seq) as usize, &mut got)
+                .map_err(|e| e.to_string())?;
+            if got == want {
+                break;
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "lane {} seq {seq}: the immediates arrived but the lane's slot does not \
+                     hold this write's proof (an immediate from another sender?)",
+                    lane.0
+                ));
+            }
+            std::thread::sleep(Duration::from_micros(20));
+        }
         match self.failure.take() {
             Some(f) => Err(format!("an earlier write of this session failed: {f}")),
             None => Ok(()),
@@ -451,12 +577,14 @@ impl EngineSession {
     /// outbound targets.
     pub fn close(&mut self, shared: &Shared) {
         self.settle(shared);
-        for lane in self.inbound.keys() {
-            self.link.close_target(*lane);
+        for (lane, inb) in self.inbound.drain() {
+            self.link.close_target(lane);
+            self.link.drop_region(inb.slots);
         }
         self.link.lanes().free_all(self.session);
-        self.inbound.clear();
-        self.outbound.clear();
+        for (_, o) in self.outbound.drain() {
+            self.link.drop_region(o.ring);
+        }
         if let Some(f) = self.failure.take() {
             self.log(shared, &format!("closing with an unreported failure: {f}"));
         }

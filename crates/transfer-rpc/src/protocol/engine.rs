@@ -9,9 +9,11 @@
 //! | 0xC7 | ENGINE_WAIT | `lane u32 \| seq u32 \| timeout_ms u32 \| size u64` (20 B) | `ok u8` |
 //! | 0xC8 | ENGINE_CLOSE | `kind u8 (0 inbound, 1 outbound) \| id u32` (5 B) | `ok u8` |
 //!
-//! Addresses are `transfer_core::EngineAddress` bytes, descriptors
-//! `transfer_core::RemoteRegion` bytes; both are opaque here and bounded by
-//! [`MAX_ENGINE_BYTES`] before anything is allocated for them.
+//! Addresses are `transfer_core::EngineAddress` bytes, descriptors lane
+//! tickets (`engine_link::ticket`: the range's `RemoteRegion`, the lane's
+//! slot ring and secret, which make a wait unforgeable); both are opaque
+//! here and bounded by [`MAX_ENGINE_BYTES`] before anything is allocated
+//! for them.
 //!
 //! ENGINE_WAIT carries the byte count of the write it waits for: on a
 //! multi-NIC engine one write of `size` bytes is split into several shards,
