@@ -2,6 +2,7 @@
 //! compute. Every refusal is an [`RpcError::Refused`](crate::RpcError)
 //! naming the check.
 
+pub mod cpu_types;
 pub mod graph;
 pub mod op_shapes;
 pub mod ops;

@@ -22,6 +22,7 @@
 //! `ggml_graph_add_node`, which records no use counts, so
 //! `ggml_cpu_try_fuse_ops` (RMS_NORM + MUL) never matches.
 
+use super::cpu_types;
 use super::graph::ValidatedGraph;
 use super::ops::{
     GGML_OP_GET_ROWS, GGML_OP_GLU, GGML_OP_NONE, GGML_OP_PERMUTE, GGML_OP_RESHAPE,
@@ -48,6 +49,13 @@ const OP_MUL_MAT: u32 = 29;
 const OP_SOFT_MAX: u32 = 46;
 const OP_ROPE: u32 = 48;
 const OP_FLASH_ATTN_EXT: u32 = 74;
+
+/// `GGML_ROPE_TYPE_*` (ggml.h).
+const ROPE_NORMAL: i32 = 0;
+const ROPE_NEOX: i32 = 2;
+const ROPE_MROPE: i32 = 8;
+const ROPE_VISION: i32 = 24;
+const ROPE_IMROPE: i32 = 40;
 
 /// `GGML_UNARY_OP_XIELU`.
 const UNARY_XIELU: i32 = 17;
@@ -194,6 +202,26 @@ fn cpu_mul_mat_src0(ty: u32) -> bool {
 /// by the f32 path).
 fn cpu_get_rows_src(ty: u32) -> bool {
     ty == GGML_TYPE_I32 || cpu_mul_mat_src0(ty)
+}
+
+/// MUL_MAT / MUL_MAT_ID src1 types for a `src0` of type `a`: F32
+/// (converted to the vec_dot type with its from_float), the vec_dot type
+/// itself, or BF16 / F16 widened to F32 when the vec_dot type is F32.
+/// `ggml_backend_cpu_device_supports_op` accepts F32, the vec_dot type
+/// and (vec_dot F32) BF16; the kernel GGML_ASSERTs that a src1 it must
+/// convert is F32 or (vec_dot F32) F16 / BF16.
+fn mul_mat_src1_ok(a: u32, b: u32) -> bool {
+    let Some(vdt) = cpu_types::vec_dot_type(a) else {
+        return false;
+    };
+    b == GGML_TYPE_F32 || b == vdt || (b == GGML_TYPE_BF16 && vdt == GGML_TYPE_F32)
+}
+
+/// Rows packed and dims 2, 3 packed after dim 1: row `i` counted over
+/// dims 1..3 as one run lies at `i * nb[1]`, for kernels that walk
+/// `ggml_nrows` rows by `nb[1]` alone.
+fn flat_walk(t: &RpcTensor) -> bool {
+    (t.ne[0] <= 1 || rows_contiguous(t)) && is_contiguous_1(t)
 }
 
 fn divides(small: u32, big: u32) -> bool {
@@ -426,15 +454,14 @@ pub fn check_node(
             // (ggml-cpu.c): GGML_ASSERT(ne0 == ne01, ne1 == ne11, ne2 ==
             // ne12, ne3 == ne13), GGML_ASSERT(nb00 == type size of src0),
             // GGML_ASSERT(nb10 == type size of src1); r2 = ne12 / ne02,
-            // r3 = ne13 / ne03 divide; src0 needs a vec_dot; src1 is F32
-            // here (converted to the vec_dot type in the work buffer).
+            // r3 = ne13 / ne03 divide; src0 needs a vec_dot.
             if a.ne[0] != b.ne[0]
                 || !divides(a.ne[2], b.ne[2])
                 || !divides(a.ne[3], b.ne[3])
                 || transposed
                 || !cpu_mul_mat_src0(a.ty)
                 || u64::from(a.nb[0]) != ai.type_size
-                || b.ty != GGML_TYPE_F32
+                || !mul_mat_src1_ok(a.ty, b.ty)
                 || r.ty != GGML_TYPE_F32
                 || r.ne != [a.ne[1], b.ne[1], b.ne[2], b.ne[3]]
                 || !rows_contiguous(b)
@@ -450,6 +477,15 @@ pub fn check_node(
                 return refuse(
                     op,
                     "mul_mat result strides must be nb0 = 4 <= nb1 <= nb2 <= nb3",
+                );
+            }
+            // The tiled K-quant driver (tiled/tiled.cpp) reads a src1 that
+            // is already Q8_K at `(flat row) * nb[1]`, counting rows over
+            // dims 1..3 as one run.
+            if cpu_types::tiled_mul_mat_src0(a.ty) && b.ty != GGML_TYPE_F32 && !flat_walk(b) {
+                return refuse(
+                    op,
+                    "mul_mat of a tiled type by Q8_K needs src1 rows nb[1] apart",
                 );
             }
             // op_params[1] == GGML_HINT_SRC0_IS_HADAMARD makes the kernel
@@ -498,31 +534,7 @@ pub fn check_node(
             }
             Ok(())
         }
-        OP_DUP | OP_CONT => {
-            let a = src(0)?;
-            // ggml_compute_forward_dup (ops.cpp): same type goes to
-            // dup_bytes (GGML_ASSERT equal element counts and types), which
-            // walks both tensors by their own strides.
-            if nelements(r) != nelements(a) || r.ty != a.ty || !float(a.ty) || !is_contiguous(r) {
-                return refuse(op, "dup/cont shapes/types");
-            }
-            Ok(())
-        }
-        OP_CPY => {
-            let (a, b) = (src(0)?, src(1)?);
-            // ggml_compute_forward_cpy = dup: F32 / F16 / BF16 convert to
-            // each other through dup_flt (GGML_ASSERT equal element
-            // counts, not quantized), walking dst by its own strides.
-            if nelements(a) != nelements(b)
-                || !float(a.ty)
-                || !float(b.ty)
-                || r.ty != b.ty
-                || r.ne != b.ne
-            {
-                return refuse(op, "cpy shapes/types");
-            }
-            Ok(())
-        }
+        OP_DUP | OP_CONT | OP_CPY => check_copy(r, s),
         GGML_OP_GET_ROWS => {
             let a = src(0)?;
             // ggml_compute_forward_get_rows (ops.cpp): quantized sources
@@ -540,13 +552,17 @@ pub fn check_node(
         GGML_OP_SET_ROWS => {
             // ggml_compute_forward_set_rows (ops.cpp): src0 F32 / F16
             // (GGML_ABORT otherwise, checked with the indices in graph.rs),
-            // rows written with the dst type's from_float (F32, F16 here)
-            // into packed dst rows, read from packed src0 rows.
-            if !matches!(r.ty, GGML_TYPE_F32 | GGML_TYPE_F16)
-                || !rows_contiguous(r)
-                || !rows_contiguous(src(0)?)
+            // rows of nc = ne00 elements written with the dst type's
+            // from_float (called unchecked: null for the iq2 / iq3 / iq1
+            // types and the integers but I32) into packed dst rows, read
+            // from packed src0 rows. nc is dst's ne[0] (graph.rs), a whole
+            // number of dst blocks (check_shape).
+            if !cpu_types::has_from_float(r.ty) || !rows_contiguous(r) || !rows_contiguous(src(0)?)
             {
-                return refuse(op, "set_rows destination must be F32/F16 with packed rows");
+                return refuse(
+                    op,
+                    "set_rows destination needs a from_float and packed rows",
+                );
             }
             Ok(())
         }
@@ -577,8 +593,12 @@ pub fn check_node(
                     return refuse(op, "soft_max mask");
                 }
             }
-            if s[2].is_some() {
-                return refuse(op, "soft_max sinks are not supported");
+            if let Some(k) = s[2] {
+                // sinks: `sk[i02]` read as packed floats for every head
+                // i02 < ne02 (ggml_soft_max_add_sinks: F32, ne[0] == ne02).
+                if k.ty != GGML_TYPE_F32 || k.ne[0] != a.ne[2] || !rows_contiguous(k) {
+                    return refuse(op, "soft_max sinks must be F32 with one per head");
+                }
             }
             Ok(())
         }
@@ -587,7 +607,109 @@ pub fn check_node(
     }
 }
 
-/// ROPE, plain and NeoX modes: `ggml_compute_forward_rope_flt` (ops.cpp).
+/// DUP, CONT and CPY: `ggml_compute_forward_dup` (ops.cpp; CPY and CONT
+/// call it too), which picks a path by the (src0, dst) types.
+fn check_copy(r: &RpcTensor, s: &[Option<&RpcTensor>; MAX_SRC]) -> Result<()> {
+    let op = r.op;
+    let Some(a) = s[0] else {
+        return refuse(op, "copy needs a source");
+    };
+    // Every path: GGML_ASSERT(ggml_nelements(dst) == ggml_nelements(src0)).
+    if nelements(r) != nelements(a) {
+        return refuse(op, "copy source and result element counts differ");
+    }
+    if op == OP_CPY {
+        // ggml_cpy's result is a view of src1; the dequantizing path
+        // below computes dst offsets from src1's shape and strides.
+        let Some(b) = s[1] else {
+            return refuse(op, "cpy needs a destination");
+        };
+        if r.ty != b.ty || r.ne != b.ne || r.nb != b.nb {
+            return refuse(op, "cpy result must have its destination's layout");
+        }
+    }
+    let (from, to) = (a.ty, r.ty);
+    if from == to {
+        // dup_bytes: memcpy of whole blocks, for any type. When dst is
+        // contiguous but the pair is neither both contiguous (dup_same_cont)
+        // nor same-shaped with packed rows (copy by rows), it copies rows of
+        // `ne00 * type_size` bytes: for a block type that is block_size
+        // times the row, written past dst's end.
+        let flat_dst_path = is_contiguous(r)
+            && !is_contiguous(a)
+            && !(r.ne == a.ne && rows_contiguous(a) && rows_contiguous(r));
+        if cpu_types::is_quantized(from) && flat_dst_path {
+            return refuse(
+                op,
+                "same-type copy of blocks into a contiguous result of another shape \
+                 needs a contiguous source",
+            );
+        }
+        return Ok(());
+    }
+    let float_like = |t: u32| float(t);
+    if float_like(from) && float_like(to) {
+        // dup_flt between F32 / F16 / BF16: element-wise, any strides.
+        return Ok(());
+    }
+    if (from == GGML_TYPE_F32 && to == GGML_TYPE_I32)
+        || (from == GGML_TYPE_I32 && to == GGML_TYPE_F32)
+    {
+        // dup_flt<float, int32_t> / dup_flt<int32_t, float>.
+        return Ok(());
+    }
+    if float_like(from) && cpu_types::is_quantized(to) {
+        // dup_to_q: GGML_ABORT unless dst is contiguous, nb00 ==
+        // sizeof(src_t) and dst has a from_float. Each source row of ne00
+        // elements is converted into params->wdata at (ne00 +
+        // CACHE_LINE_SIZE_F32) * ith floats, which ggml_graph_plan sizes
+        // by dst's ne[0]: ne00 may not exceed it. quantize_row_q writes
+        // whole blocks: ne00 is a multiple of dst's block size.
+        let block = type_info(to).map_or(u64::MAX, |i| i.block_size);
+        let a_ts = type_info(from).map_or(0, |i| i.type_size);
+        if !cpu_types::has_from_float(to)
+            || !is_contiguous(r)
+            || u64::from(a.nb[0]) != a_ts
+            || a.ne[0] > r.ne[0]
+            || u64::from(a.ne[0]) % block != 0
+        {
+            return refuse(
+                op,
+                "quantizing copy needs a contiguous destination with a from_float, \
+                 packed source rows of whole blocks no longer than the result's",
+            );
+        }
+        return Ok(());
+    }
+    if cpu_types::quantized_with_to_float(from) && to == GGML_TYPE_F32 {
+        // dup_from_q: reads src1 (GGML_TENSOR_BINARY_OP_LOCALS), a null
+        // pointer for DUP / CONT; GGML_ASSERT(nb10 == sizeof(float)),
+        // GGML_ASSERT(ne10 % qk == 0 || ggml_is_contiguous(dst)).
+        let block = type_info(from).map_or(u64::MAX, |i| i.block_size);
+        let ok =
+            op == OP_CPY && r.nb[0] == 4 && (u64::from(r.ne[0]) % block == 0 || is_contiguous(r));
+        if !ok {
+            return refuse(
+                op,
+                "dequantizing copy needs CPY into F32 with packed rows of whole blocks",
+            );
+        }
+        return Ok(());
+    }
+    // I32 to anything but F32, F16 / BF16 to I32 (dup_to_q with an unsized
+    // work buffer), quantized to anything but F32 or itself, and the other
+    // integer types: GGML_ABORT or a null call.
+    refuse(
+        op,
+        format!(
+            "ggml-cpu has no copy from {} to {}",
+            type_info(from).map_or("?", |i| i.name),
+            type_info(to).map_or("?", |i| i.name)
+        ),
+    )
+}
+
+/// ROPE: `ggml_compute_forward_rope_flt` (ops.cpp), all five modes.
 fn check_rope(r: &RpcTensor, s: &[Option<&RpcTensor>; MAX_SRC]) -> Result<()> {
     let op = r.op;
     let (Some(a), Some(b)) = (s[0], s[1]) else {
@@ -601,21 +723,28 @@ fn check_rope(r: &RpcTensor, s: &[Option<&RpcTensor>; MAX_SRC]) -> Result<()> {
     let n_offs = i64::from(r.op_params[15]);
     let ne0 = i64::from(a.ne[0]);
     let vector = b.ne[1] == 1 && b.ne[2] == 1 && b.ne[3] == 1;
-    // Plain and NeoX rope only (mode 0 or 2): multi-rope and vision modes
-    // read 4 positions per row and the sections.
-    if !matches!(mode, 0 | 2) {
+    // The kernel's `switch (mode)`: NORMAL 0, NEOX 2, MROPE 8, VISION 24,
+    // IMROPE 40; GGML_ABORT("rope type not supported") on any other.
+    // `mode & GGML_ROPE_TYPE_MROPE` (8, 24, 40) reads 4 positions per
+    // token (pos[i2 + ne2 * k], k < 4) and the sections.
+    if !matches!(
+        mode,
+        ROPE_NORMAL | ROPE_NEOX | ROPE_MROPE | ROPE_VISION | ROPE_IMROPE
+    ) {
         return refuse(op, format!("rope mode {mode} is not supported"));
     }
+    let multi = mode & ROPE_MROPE != 0;
+    let positions = u64::from(a.ne[2]) * if multi { 4 } else { 1 };
     // ggml_compute_forward_rope: F16 / F32 source only (GGML_ABORT on
     // BF16 and the rest), dst of the same type;
     // GGML_ASSERT(src1->type == GGML_TYPE_I32), positions read as a
-    // packed int32 array indexed by i2 < ne2 (the builder's
-    // `a->ne[2] == b->ne[0]`, ggml_is_vector(b)); GGML_ASSERT(nb0 ==
-    // nb00), GGML_ASSERT(nb0 == sizeof(T)).
+    // packed int32 array (the builder's `a->ne[2] == b->ne[0]`, times 4
+    // for multi-rope, ggml_is_vector(b)); GGML_ASSERT(nb0 == nb00),
+    // GGML_ASSERT(nb0 == sizeof(T)).
     if b.ty != GGML_TYPE_I32
         || !vector
         || !rows_contiguous(b)
-        || b.ne[0] != a.ne[2]
+        || u64::from(b.ne[0]) != positions
         || r.ne != a.ne
         || r.ty != a.ty
         || !matches!(a.ty, GGML_TYPE_F32 | GGML_TYPE_F16)
@@ -645,6 +774,30 @@ fn check_rope(r: &RpcTensor, s: &[Option<&RpcTensor>; MAX_SRC]) -> Result<()> {
     if ne0 % 2 != 0 {
         return refuse(op, format!("rope rows of odd length {ne0}"));
     }
+    if multi {
+        // ggml_mrope_cache_init: `sector = (i0 / 2) % sect_dims` over the
+        // four sections, GGML_ASSERT(sect_dims <= ne0); the kernel
+        // GGML_ASSERTs sections[0] > 0 || sections[1] > 0 || sections[2]
+        // > 0. Negative sections could make the sum 0 (division by zero).
+        // imrope compares `sector < 3 * sections[k]` in int.
+        let sections: [i64; 4] = std::array::from_fn(|k| i64::from(r.op_params[11 + k]));
+        let sum: i64 = sections.iter().sum();
+        if sections.iter().any(|&x| x < 0)
+            || sections[..3].iter().all(|&x| x == 0)
+            || sum > ne0
+            || sections.iter().any(|&x| 3 * x > i64::from(i32::MAX))
+        {
+            return refuse(op, format!("rope sections {sections:?} for rows of {ne0}"));
+        }
+    }
+    // VISION rotates pairs (i, i + n_dims) over the whole row:
+    // GGML_ASSERT(n_dims == ne0 / 2), GGML_ASSERT(n_offs == 0).
+    if mode == ROPE_VISION && (n_dims != ne0 / 2 || n_offs != 0) {
+        return refuse(
+            op,
+            format!("vision rope needs n_dims = ne0 / 2 and no offset, got {n_dims} / {n_offs}"),
+        );
+    }
     if let Some(c) = s[2] {
         // GGML_ASSERT(src2->type == GGML_TYPE_F32), GGML_ASSERT(src2->ne[0]
         // >= n_dims / 2); read as a packed float array (its reach past
@@ -666,9 +819,11 @@ fn check_flash_attn_ext(r: &RpcTensor, s: &[Option<&RpcTensor>; MAX_SRC]) -> Res
     // GGML_ASSERT(ne0 == DV), (ne2 == N), (nbq0 / nbk0 / nbv0 == type
     // size), (neq0 == DK == nek0); K rows ic < nek1 of V (nev1 == nek1);
     // broadcast rk2 = neq2 / nek2, rv2 = neq2 / nev2, rk3 / rv3 with equal
-    // dim 3; Q is read as F32; K needs a from_float for its vec_dot type
-    // and V a to_float (GGML_ASSERT "unsupported K-type / V-type"): F32,
-    // F16 and BF16 here.
+    // dim 3; Q is read as F32. K: GGML_ASSERT(from_float of its vec_dot
+    // type) and an unchecked call of its vec_dot (Q is converted into
+    // DK floats of work buffer, room for any vec_dot row). V:
+    // GGML_ASSERT(F32 or a to_float). Both sets are the MUL_MAT src0
+    // types. The tiled and split-KV paths only run for F32 / F16 K == V.
     if k.ne[0] != q.ne[0]
         || v.ne[1] != k.ne[1]
         || !divides(k.ne[2], q.ne[2])
@@ -676,8 +831,8 @@ fn check_flash_attn_ext(r: &RpcTensor, s: &[Option<&RpcTensor>; MAX_SRC]) -> Res
         || q.ne[3] != k.ne[3]
         || q.ne[3] != v.ne[3]
         || q.ty != GGML_TYPE_F32
-        || !float(k.ty)
-        || !float(v.ty)
+        || !cpu_mul_mat_src0(k.ty)
+        || !cpu_mul_mat_src0(v.ty)
         || r.ty != GGML_TYPE_F32
         || r.ne != [v.ne[0], q.ne[2], q.ne[1], q.ne[3]]
         || !is_contiguous(r)
@@ -729,8 +884,12 @@ fn check_flash_attn_ext(r: &RpcTensor, s: &[Option<&RpcTensor>; MAX_SRC]) -> Res
             return refuse(op, "flash_attn_ext mask");
         }
     }
-    if s[4].is_some() {
-        return refuse(op, "flash_attn_ext sinks are not supported");
+    if let Some(k) = s[4] {
+        // sinks: `((float *) sinks->data)[h]` for every head h < neq2
+        // (ggml_flash_attn_ext_add_sinks: F32, ne[0] == neq2).
+        if k.ty != GGML_TYPE_F32 || k.ne[0] != q.ne[2] || !rows_contiguous(k) {
+            return refuse(op, "flash_attn_ext sinks must be F32 with one per head");
+        }
     }
     Ok(())
 }
@@ -1002,5 +1161,195 @@ mod tests {
         assert!(!glu([1 << 31, 1, 1, 1]));
         assert!(!glu([1, 1 << 31, 1, 1]));
         assert!(glu([(1 << 31) - 1, 1, 1, 1]));
+    }
+
+    /// A copy node `op` of `a` into a packed `to` tensor of shape `ne`
+    /// (for CPY, the destination is that tensor too).
+    fn copy(op: u32, a: &RpcTensor, to: u32, ne: [u32; 4]) -> bool {
+        let b = packed(to, ne);
+        let r = node(to, ne, op);
+        check_node(&r, &srcs(a, (op == OP_CPY).then_some(&b)), None).is_ok()
+    }
+
+    #[test]
+    fn copies_follow_the_dup_paths() {
+        let f32s = packed(GGML_TYPE_F32, [64, 2, 3, 1]);
+        let mut permuted = f32s.clone();
+        permuted.ne = [64, 3, 2, 1];
+        permuted.nb = [4, 512, 256, 1536];
+        // Same type: any type, any layout (dup_bytes)...
+        for ty in [GGML_TYPE_I32, 24, 25, 27, 28, GGML_TYPE_F16] {
+            let a = packed(ty, [64, 2, 3, 1]);
+            assert!(copy(OP_CONT, &a, ty, [64, 2, 3, 1]), "{ty}");
+            assert!(copy(OP_DUP, &a, ty, [64, 6, 1, 1]), "{ty}");
+        }
+        // ...but a block type copied into a contiguous result of another
+        // shape from a non-contiguous source takes the row path that
+        // copies ne00 * block bytes per row.
+        let q = packed(Q8_0, [64, 2, 3, 1]);
+        assert!(copy(OP_CPY, &q, Q8_0, [64, 6, 1, 1]));
+        let mut q_perm = q.clone();
+        q_perm.ne = [64, 3, 2, 1];
+        q_perm.nb = [34, 136, 68, 408];
+        assert!(copy(OP_CONT, &q_perm, Q8_0, [64, 3, 2, 1]));
+        assert!(!copy(OP_CONT, &q_perm, Q8_0, [64, 6, 1, 1]));
+        // Float conversions and the two integer ones.
+        for (from, to) in [(0, 1), (1, 30), (30, 0), (0, 26), (26, 0)] {
+            let a = packed(from, [64, 2, 3, 1]);
+            assert!(copy(OP_CPY, &a, to, [64, 2, 3, 1]), "{from}->{to}");
+        }
+        for (from, to) in [(1, 26), (30, 26), (26, 1), (24, 0), (27, 0)] {
+            let a = packed(from, [64, 2, 3, 1]);
+            assert!(!copy(OP_CPY, &a, to, [64, 2, 3, 1]), "{from}->{to}");
+        }
+        // Quantizing: a from_float, contiguous result, packed source rows
+        // of whole blocks no longer than the result's rows.
+        assert!(copy(OP_CPY, &f32s, Q8_0, [64, 2, 3, 1]));
+        let short_rows = packed(GGML_TYPE_F32, [64, 4, 1, 1]);
+        assert!(!copy(OP_CPY, &short_rows, Q4_K, [256, 1, 1, 1]));
+        assert!(copy(OP_CPY, &permuted, Q8_0, [64, 3, 2, 1]));
+        assert!(!copy(OP_CPY, &f32s, 16, [64, 2, 3, 1])); // iq2_xxs
+        assert!(!copy(OP_CPY, &f32s, Q8_0, [32, 12, 1, 1])); // wdata overrun
+        let mut strided = f32s.clone();
+        strided.nb[0] = 8;
+        strided.nb[1] = 512;
+        strided.nb[2] = 1024;
+        strided.nb[3] = 3072;
+        assert!(!copy(OP_CPY, &strided, Q8_0, [64, 2, 3, 1]));
+        // Dequantizing: CPY into F32 only (DUP / CONT have no src1).
+        assert!(copy(OP_CPY, &q, GGML_TYPE_F32, [64, 2, 3, 1]));
+        assert!(!copy(OP_DUP, &q, GGML_TYPE_F32, [64, 2, 3, 1]));
+        assert!(!copy(OP_CPY, &q, GGML_TYPE_F16, [64, 2, 3, 1]));
+        assert!(!copy(
+            OP_CPY,
+            &packed(Q8_1, [64, 2, 3, 1]),
+            0,
+            [64, 2, 3, 1]
+        ));
+        // Element counts must agree; CPY's result is its destination.
+        assert!(!copy(OP_CPY, &f32s, 0, [64, 2, 2, 1]));
+        let b = packed(GGML_TYPE_F32, [64, 2, 3, 1]);
+        let mut r = node(GGML_TYPE_F32, [64, 2, 3, 1], OP_CPY);
+        r.nb[1] = 1024;
+        assert!(check_node(&r, &srcs(&f32s, Some(&b)), None).is_err());
+    }
+
+    #[test]
+    fn mul_mat_src1_is_f32_or_the_vec_dot_type() {
+        let case = |wa: u32, wb: u32| {
+            let w = packed(wa, [256, 8, 1, 1]);
+            let x = packed(wb, [256, 3, 1, 1]);
+            let r = node(GGML_TYPE_F32, [8, 3, 1, 1], OP_MUL_MAT);
+            check_node(&r, &srcs(&w, Some(&x)), None).is_ok()
+        };
+        for (a, b) in [(1, 1), (30, 30), (0, 30), (2, 8), (3, 9), (12, 15), (1, 0)] {
+            assert!(case(a, b), "{a} x {b}");
+        }
+        for (a, b) in [(0, 1), (30, 1), (1, 30), (2, 9), (12, 8), (2, 2)] {
+            assert!(!case(a, b), "{a} x {b}");
+        }
+        // A Q8_K src1 for a tiled K-quant is walked by nb[1].
+        let w = packed(Q4_K, [256, 8, 1, 1]);
+        let mut x = packed(Q8_K, [256, 1, 3, 1]);
+        x.nb[1] = 1 << 20;
+        let r = node(GGML_TYPE_F32, [8, 1, 3, 1], OP_MUL_MAT);
+        assert!(check_node(&r, &srcs(&w, Some(&x)), None).is_err());
+        x.nb[1] = 292;
+        assert!(check_node(&r, &srcs(&w, Some(&x)), None).is_ok());
+    }
+
+    fn rope_multi(mode: i32, ne0: u32, n_dims: i32, sections: [i32; 4], n_pos: u32) -> bool {
+        let a = packed(GGML_TYPE_F32, [ne0, 2, 3, 1]);
+        let pos = packed(GGML_TYPE_I32, [n_pos, 1, 1, 1]);
+        let mut r = node(GGML_TYPE_F32, [ne0, 2, 3, 1], OP_ROPE);
+        r.op_params[1] = n_dims;
+        r.op_params[2] = mode;
+        r.op_params[11..15].copy_from_slice(&sections);
+        check_node(&r, &srcs(&a, Some(&pos)), None).is_ok()
+    }
+
+    #[test]
+    fn rope_modes_sections_and_positions() {
+        assert!(rope_multi(8, 64, 64, [16, 8, 8, 0], 12));
+        assert!(rope_multi(40, 64, 64, [11, 11, 10, 0], 12));
+        assert!(rope_multi(24, 64, 32, [8, 8, 0, 0], 12));
+        // One position per token is not enough for multi-rope.
+        assert!(!rope_multi(8, 64, 64, [16, 8, 8, 0], 3));
+        // Modes the kernel's switch aborts on.
+        for mode in [1, 4, 10, 16, 26, 32] {
+            assert!(!rope_multi(mode, 64, 64, [16, 8, 8, 0], 12), "{mode}");
+        }
+        // No section among the first three, a sum of 0, past the row.
+        assert!(!rope_multi(8, 64, 64, [0, 0, 0, 8], 12));
+        assert!(!rope_multi(8, 64, 64, [16, -16, 8, 0], 12));
+        assert!(!rope_multi(8, 64, 64, [32, 32, 8, 0], 12));
+        // Vision: n_dims = ne0 / 2.
+        assert!(!rope_multi(24, 64, 64, [8, 8, 0, 0], 12));
+        // Plain rope with 4 positions per token: the builder's shape.
+        assert!(!rope_multi(0, 64, 64, [0; 4], 12));
+    }
+
+    #[test]
+    fn sinks_are_one_f32_per_head() {
+        let a = packed(GGML_TYPE_F32, [16, 4, 8, 1]);
+        let r = node(GGML_TYPE_F32, [16, 4, 8, 1], OP_SOFT_MAX);
+        let soft_max = |k: &RpcTensor| {
+            let mut s = srcs(&a, None);
+            s[2] = Some(k);
+            check_node(&r, &s, None).is_ok()
+        };
+        assert!(soft_max(&packed(GGML_TYPE_F32, [8, 1, 1, 1])));
+        assert!(!soft_max(&packed(GGML_TYPE_F32, [4, 1, 1, 1])));
+        assert!(!soft_max(&packed(GGML_TYPE_F16, [8, 1, 1, 1])));
+        let mut spread = packed(GGML_TYPE_F32, [8, 1, 1, 1]);
+        spread.nb[0] = 8;
+        assert!(!soft_max(&spread));
+
+        let fa = |k_ty: u32, sinks: Option<RpcTensor>| {
+            let q = packed(GGML_TYPE_F32, [256, 1, 4, 1]);
+            let k = packed(k_ty, [256, 8, 2, 1]);
+            let v = packed(k_ty, [256, 8, 2, 1]);
+            let mut r = node(GGML_TYPE_F32, [256, 4, 1, 1], OP_FLASH_ATTN_EXT);
+            r.nb = [4, 1024, 4096, 4096];
+            let mut s = srcs(&q, Some(&k));
+            s[2] = Some(&v);
+            s[4] = sinks.as_ref();
+            check_node(&r, &s, None).is_ok()
+        };
+        for ty in [0, 1, 30, Q8_0, GGML_TYPE_Q4_0, Q4_K] {
+            assert!(fa(ty, None), "{ty}");
+        }
+        for ty in [Q8_1, Q8_K, GGML_TYPE_I32] {
+            assert!(!fa(ty, None), "{ty}");
+        }
+        assert!(fa(1, Some(packed(GGML_TYPE_F32, [4, 1, 1, 1]))));
+        assert!(!fa(1, Some(packed(GGML_TYPE_F32, [2, 1, 1, 1]))));
+    }
+
+    #[test]
+    fn set_rows_destinations_need_a_from_float() {
+        let rows = packed(GGML_TYPE_F32, [256, 2, 1, 1]);
+        let idx = packed(27, [2, 1, 1, 1]);
+        for (ty, ok) in [
+            (0, true),
+            (30, true),
+            (Q8_0, true),
+            (Q4_K, true),
+            (26, true),
+        ] {
+            let r = node(ty, [256, 4, 1, 1], GGML_OP_SET_ROWS);
+            assert_eq!(
+                check_node(&r, &srcs(&rows, Some(&idx)), None).is_ok(),
+                ok,
+                "{ty}"
+            );
+        }
+        for ty in [16, 17, 18, 19, 21, 22, 29, 24, 25, 27, 28] {
+            let r = node(ty, [256, 4, 1, 1], GGML_OP_SET_ROWS);
+            assert!(
+                check_node(&r, &srcs(&rows, Some(&idx)), None).is_err(),
+                "{ty}"
+            );
+        }
     }
 }

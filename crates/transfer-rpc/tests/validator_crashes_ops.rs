@@ -1,0 +1,500 @@
+//! The op rules of issue 11 (coverage) over a real server computing on
+//! ggml's CPU backend (run with `--features ggml`), in the pattern of
+//! `validator_crashes.rs`: each graph here passes the wire checks but
+//! would make a ggml-cpu kernel abort the process (GGML_ASSERT /
+//! GGML_ABORT, a null function pointer, a division by zero) or touch
+//! memory outside its tensors (tensors sit at the end of their buffer, so
+//! a write or read past them faults on the guard page). Each must be
+//! refused: that connection closes, the server keeps serving and computes
+//! a valid graph afterwards. Next to the refusals, valid forms of the same
+//! ops compute (the rules may not refuse what ggml computes; the
+//! differential test checks their values against ggml-cpu).
+#![cfg(feature = "ggml")]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::*;
+use transfer_rpc::client::Client;
+use transfer_rpc::protocol::{GraphPayload, RpcTensor};
+use transfer_rpc::server::ServerHandle;
+use transfer_rpc::validate::type_info;
+
+const COMPUTE: i32 = 16;
+const BUF: u64 = 1 << 16;
+
+const F32: u32 = 0;
+const F16: u32 = 1;
+const Q8_0: u32 = 8;
+const Q8_1: u32 = 9;
+const Q4_K: u32 = 12;
+const Q8_K: u32 = 15;
+const IQ2_XXS: u32 = 16;
+const I16: u32 = 25;
+const I32: u32 = 26;
+const I64: u32 = 27;
+const BF16: u32 = 30;
+
+const OP_DUP: u32 = 1;
+const OP_ADD: u32 = 2;
+const OP_MUL_MAT: u32 = 29;
+const OP_CPY: u32 = 34;
+const OP_CONT: u32 = 35;
+const OP_SET_ROWS: u32 = 42;
+const OP_SOFT_MAX: u32 = 46;
+const OP_ROPE: u32 = 48;
+const OP_FLASH_ATTN_EXT: u32 = 74;
+
+/// `(block size, bytes per block)` of `ty`.
+fn layout(ty: u32) -> (u32, u32) {
+    type_info(ty).map_or((1, 4), |i| (i.block_size as u32, i.type_size as u32))
+}
+
+/// Bytes of a packed tensor of `ty` with shape `ne`.
+fn packed_size(ty: u32, ne: [u32; 4]) -> u64 {
+    let (bs, ts) = layout(ty);
+    u64::from(ne[0] / bs * ts) * u64::from(ne[1]) * u64::from(ne[2]) * u64::from(ne[3])
+}
+
+/// A tensor of `ty` with shape `ne` and strides `nb` at `offset` in the
+/// buffer `(b, base)`.
+fn tensor(
+    id: u64,
+    ty: u32,
+    ne: [u32; 4],
+    nb: [u32; 4],
+    b: u64,
+    base: u64,
+    offset: u64,
+) -> RpcTensor {
+    RpcTensor {
+        id,
+        ty,
+        buffer: b,
+        ne,
+        nb,
+        data: base + offset,
+        ..RpcTensor::default()
+    }
+}
+
+/// A packed tensor (ggml_new_tensor strides).
+fn packed(id: u64, ty: u32, ne: [u32; 4], b: u64, base: u64, offset: u64) -> RpcTensor {
+    let (bs, ts) = layout(ty);
+    let row = ne[0] / bs * ts;
+    let nb = [ts, row, row * ne[1], row * ne[1] * ne[2]];
+    tensor(id, ty, ne, nb, b, base, offset)
+}
+
+/// A packed tensor that ends where the buffer ends.
+fn at_end(id: u64, ty: u32, ne: [u32; 4], b: u64, base: u64) -> RpcTensor {
+    packed(id, ty, ne, b, base, BUF - packed_size(ty, ne))
+}
+
+/// `t` as a node of `op` over the source ids `srcs` (0: no source).
+fn node(mut t: RpcTensor, op: u32, srcs: &[u64]) -> RpcTensor {
+    t.op = op;
+    for (slot, &s) in t.src.iter_mut().zip(srcs) {
+        *slot = s;
+    }
+    t.flags = COMPUTE;
+    t
+}
+
+fn set_f32(t: &mut RpcTensor, i: usize, v: f32) {
+    t.op_params[i] = v.to_bits() as i32;
+}
+
+/// A graph of one node (the last tensor) over the other tensors.
+fn one_node(tensors: Vec<RpcTensor>) -> GraphPayload {
+    let id = tensors.last().map_or(0, |t| t.id);
+    GraphPayload {
+        device: 0,
+        nodes: vec![id],
+        tensors,
+    }
+}
+
+fn wait_refused(h: &ServerHandle, n: u64) {
+    for _ in 0..200 {
+        if h.shared().refused_connections() >= n {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    panic!(
+        "expected {n} refused connections, server counted {}",
+        h.shared().refused_connections()
+    );
+}
+
+/// A fresh session computes ADD([1, 2, 3, 4], [10, 20, 30, 40]).
+fn server_still_computes(h: &ServerHandle) {
+    let mut c = connect(h);
+    let (b, base) = alloc(&mut c, 4096);
+    let x = packed(1, F32, [4, 1, 1, 1], b, base, 0);
+    let y = packed(2, F32, [4, 1, 1, 1], b, base, 64);
+    c.set_tensor(&x, 0, &f32_bytes(&[1.0, 2.0, 3.0, 4.0]))
+        .unwrap();
+    c.set_tensor(&y, 0, &f32_bytes(&[10.0, 20.0, 30.0, 40.0]))
+        .unwrap();
+    let r = node(packed(3, F32, [4, 1, 1, 1], b, base, 128), OP_ADD, &[1, 2]);
+    c.graph_compute(&one_node(vec![x, y, r.clone()])).unwrap();
+    assert_eq!(
+        floats(&c.get_tensor(&r, 0, 16).unwrap()),
+        vec![11.0, 22.0, 33.0, 44.0]
+    );
+}
+
+/// Sends the graph `build` makes in a fresh buffer of `BUF` bytes: it
+/// must be refused and the server must keep computing.
+fn refused(h: &ServerHandle, what: &str, build: impl FnOnce(u64, u64) -> GraphPayload) {
+    let before = h.shared().refused_connections();
+    let mut c = connect(h);
+    let (b, base) = alloc(&mut c, BUF);
+    c.graph_compute(&build(b, base)).unwrap();
+    assert!(is_closed(&mut c), "{what}: was not refused");
+    wait_refused(h, before + 1);
+    server_still_computes(h);
+}
+
+/// A session with a fresh buffer of `BUF` bytes.
+fn session(h: &ServerHandle) -> (Client, u64, u64) {
+    let mut c = connect(h);
+    let (b, base) = alloc(&mut c, BUF);
+    (c, b, base)
+}
+
+/// Computes `g` on `c`, which must stay connected.
+fn computes(c: &mut Client, what: &str, g: &GraphPayload) {
+    c.graph_compute(g).unwrap();
+    assert!(!is_closed(c), "{what}: was refused");
+}
+
+fn read(c: &mut Client, t: &RpcTensor, n: u64) -> Vec<f32> {
+    floats(&c.get_tensor(t, 0, 4 * n).unwrap())
+}
+
+/// A copy node `op` of `a` into `r` (for CPY, `r` is also the
+/// destination source, as ggml_cpy's view of it).
+fn copy_graph(op: u32, a: RpcTensor, r: RpcTensor) -> GraphPayload {
+    if op == OP_CPY {
+        let mut dst = r.clone();
+        dst.id = 90;
+        let r = node(r, op, &[a.id, 90]);
+        one_node(vec![a, dst, r])
+    } else {
+        let r = node(r, op, &[a.id]);
+        one_node(vec![a, r])
+    }
+}
+
+#[test]
+fn copies_refuse_the_paths_that_abort_or_overrun() {
+    let h = start_ggml();
+    // dup_bytes, a Q8_0 source with dims 1 and 2 swapped into a
+    // contiguous result of another shape: the row path copies ne00 *
+    // type_size = 64 blocks per row of 2: 13 KiB into 408 bytes at the
+    // buffer's end.
+    refused(&h, "Q8_0 copy by rows of the wrong size", |b, base| {
+        let a = tensor(1, Q8_0, [64, 3, 2, 1], [34, 136, 68, 408], b, base, 0);
+        copy_graph(OP_CONT, a, at_end(2, Q8_0, [64, 6, 1, 1], b, base))
+    });
+    // dup_to_q to I32 from F16: a from_float exists, but the plan sizes no
+    // work buffer for it (null wdata).
+    refused(&h, "F16 to I32", |b, base| {
+        let a = packed(1, F16, [64, 2, 1, 1], b, base, 0);
+        copy_graph(OP_CPY, a, packed(2, I32, [64, 2, 1, 1], b, base, 4096))
+    });
+    // dup_to_q converts each 256-element source row into a work buffer
+    // the plan sized by the result's 32-element rows.
+    refused(&h, "quantizing rows longer than the result's", |b, base| {
+        let a = packed(1, F32, [256, 1, 1, 1], b, base, 0);
+        copy_graph(OP_CPY, a, packed(2, Q8_0, [32, 8, 1, 1], b, base, 4096))
+    });
+    // dup_to_q: iq2_xxs has no from_float: GGML_ABORT("not implemented").
+    refused(&h, "F32 to IQ2_XXS", |b, base| {
+        let a = packed(1, F32, [256, 1, 1, 1], b, base, 0);
+        copy_graph(OP_DUP, a, packed(2, IQ2_XXS, [256, 1, 1, 1], b, base, 4096))
+    });
+    // dup_from_q reads src1, which DUP does not have (null dereference).
+    refused(&h, "DUP of Q8_0 into F32", |b, base| {
+        let a = packed(1, Q8_0, [64, 2, 1, 1], b, base, 0);
+        copy_graph(OP_DUP, a, packed(2, F32, [64, 2, 1, 1], b, base, 4096))
+    });
+    // Quantized to anything but F32 or itself, I32 to F16, I64 to F32:
+    // GGML_ABORT("fatal error") / ("not implemented").
+    for (from, to, ne0) in [(Q8_0, F16, 64), (I32, F16, 64), (I64, F32, 64)] {
+        refused(&h, &format!("copy {from} to {to}"), |b, base| {
+            let a = packed(1, from, [ne0, 2, 1, 1], b, base, 0);
+            copy_graph(OP_CPY, a, packed(2, to, [ne0, 2, 1, 1], b, base, 4096))
+        });
+    }
+    // q8_1 has no to_float: dequantizing it calls a null pointer.
+    refused(&h, "Q8_1 to F32", |b, base| {
+        let a = packed(1, Q8_1, [64, 2, 1, 1], b, base, 0);
+        copy_graph(OP_CPY, a, packed(2, F32, [64, 2, 1, 1], b, base, 4096))
+    });
+
+    let (mut c, b, base) = session(&h);
+    // The same shapes computed by ggml: Q8_0 copied by rows (same shape),
+    // F32 -> Q8_0 -> F32, F32 <-> I32, I16 transposed.
+    let q_perm = tensor(1, Q8_0, [64, 3, 2, 1], [34, 136, 68, 408], b, base, 0);
+    computes(
+        &mut c,
+        "Q8_0 by rows",
+        &copy_graph(OP_CONT, q_perm, at_end(2, Q8_0, [64, 3, 2, 1], b, base)),
+    );
+    let x: Vec<f32> = (0..64).map(|i| i as f32 - 32.0).collect();
+    let a = packed(1, F32, [64, 1, 1, 1], b, base, 0);
+    c.set_tensor(&a, 0, &f32_bytes(&x)).unwrap();
+    let q = packed(2, Q8_0, [64, 1, 1, 1], b, base, 1024);
+    computes(&mut c, "F32 to Q8_0", &copy_graph(OP_CPY, a, q.clone()));
+    let back = packed(3, F32, [64, 1, 1, 1], b, base, 2048);
+    computes(&mut c, "Q8_0 to F32", &copy_graph(OP_CPY, q, back.clone()));
+    let got = read(&mut c, &back, 64);
+    assert!(
+        got.iter().zip(&x).all(|(g, w)| (g - w).abs() < 0.2),
+        "{got:?}"
+    );
+    let i = packed(4, I32, [64, 1, 1, 1], b, base, 4096);
+    let a = packed(1, F32, [64, 1, 1, 1], b, base, 0);
+    computes(&mut c, "F32 to I32", &copy_graph(OP_CPY, a, i.clone()));
+    let f = packed(5, F32, [64, 1, 1, 1], b, base, 8192);
+    computes(&mut c, "I32 to F32", &copy_graph(OP_CPY, i, f.clone()));
+    assert_eq!(read(&mut c, &f, 64), x);
+    let t = tensor(6, I16, [3, 4, 1, 1], [8, 2, 24, 24], b, base, 12288);
+    computes(
+        &mut c,
+        "I16 transposed",
+        &copy_graph(OP_CONT, t, packed(7, I16, [3, 4, 1, 1], b, base, 16384)),
+    );
+}
+
+/// MUL_MAT of a Q4_K [256, 16] matrix by Q8_K activations `x` into a
+/// packed F32 result.
+fn q4k_by_q8k(x: RpcTensor, b: u64, base: u64) -> GraphPayload {
+    let w = packed(1, Q4_K, [256, 16, 1, 1], b, base, 0);
+    let ne = [16, x.ne[1], x.ne[2], x.ne[3]];
+    let r = node(packed(3, F32, ne, b, base, 8192), OP_MUL_MAT, &[1, x.id]);
+    one_node(vec![w, x, r])
+}
+
+#[test]
+fn mul_mat_src1_types_and_tiled_rows() {
+    let h = start_ggml();
+    // BF16 weights by F16 activations: the kernel widens a src1 that is
+    // not its vec_dot type only for an F32 vec_dot type
+    // (GGML_ASSERT(!widen || vec_dot_type == GGML_TYPE_F32)).
+    refused(&h, "BF16 x F16", |b, base| {
+        let w = packed(1, BF16, [64, 4, 1, 1], b, base, 0);
+        let x = packed(2, F16, [64, 2, 1, 1], b, base, 1024);
+        let r = node(
+            packed(3, F32, [4, 2, 1, 1], b, base, 2048),
+            OP_MUL_MAT,
+            &[1, 2],
+        );
+        one_node(vec![w, x, r])
+    });
+    // The tiled Q4_K driver (8 or more src1 rows) reads a Q8_K src1 at
+    // flat row * nb[1]: 16 rows of 292 bytes from a [256, 8, 2] src1
+    // whose batches overlap (nb[2] = nb[1]) and that ends at the buffer's
+    // end: 7 rows past it.
+    refused(&h, "Q4_K x Q8_K with rows not nb[1] apart", |b, base| {
+        let x = tensor(
+            2,
+            Q8_K,
+            [256, 8, 2, 1],
+            [292, 292, 292, 584],
+            b,
+            base,
+            BUF - 2628,
+        );
+        q4k_by_q8k(x, b, base)
+    });
+
+    let (mut c, b, base) = session(&h);
+    // Packed Q8_K activations (zeros: d = 0) are multiplied.
+    let x = at_end(2, Q8_K, [256, 8, 2, 1], b, base);
+    computes(&mut c, "Q4_K x Q8_K", &q4k_by_q8k(x, b, base));
+    for (ta, tb) in [(F16, F16), (BF16, BF16), (F32, BF16)] {
+        let w = packed(1, ta, [64, 4, 1, 1], b, base, 0);
+        let x = packed(2, tb, [64, 2, 1, 1], b, base, 1024);
+        let r = node(
+            packed(3, F32, [4, 2, 1, 1], b, base, 2048),
+            OP_MUL_MAT,
+            &[1, 2],
+        );
+        computes(&mut c, "mul_mat", &one_node(vec![w, x, r]));
+    }
+}
+
+/// ROPE `mode` of an F32 [64, 2, 3] source with `n_dims`, `sections`,
+/// `n_pos` positions (at the buffer's end) into a packed result.
+fn rope_graph(
+    mode: i32,
+    n_dims: i32,
+    sections: [i32; 4],
+    n_pos: u32,
+    b: u64,
+    base: u64,
+) -> GraphPayload {
+    let a = packed(1, F32, [64, 2, 3, 1], b, base, 0);
+    let pos = at_end(2, I32, [n_pos, 1, 1, 1], b, base);
+    let mut r = node(
+        packed(3, F32, [64, 2, 3, 1], b, base, 4096),
+        OP_ROPE,
+        &[1, 2],
+    );
+    r.op_params[1] = n_dims;
+    r.op_params[2] = mode;
+    r.op_params[4] = 4096;
+    set_f32(&mut r, 5, 10000.0);
+    set_f32(&mut r, 6, 1.0);
+    set_f32(&mut r, 8, 1.0);
+    set_f32(&mut r, 9, 32.0);
+    set_f32(&mut r, 10, 1.0);
+    r.op_params[11..15].copy_from_slice(&sections);
+    one_node(vec![a, pos, r])
+}
+
+#[test]
+fn rope_multi_modes_sections_and_positions() {
+    let h = start_ggml();
+    // The kernel's switch: GGML_ABORT("rope type not supported").
+    refused(&h, "rope mode 10", |b, base| {
+        rope_graph(10, 64, [16, 8, 8, 0], 12, b, base)
+    });
+    // GGML_ASSERT(sections[0] > 0 || sections[1] > 0 || sections[2] > 0).
+    refused(&h, "mrope without sections", |b, base| {
+        rope_graph(8, 64, [0, 0, 0, 8], 12, b, base)
+    });
+    // sect_dims = 0: `(i0 / 2) % sect_dims` divides by zero.
+    refused(&h, "mrope sections summing to 0", |b, base| {
+        rope_graph(8, 64, [16, -16, 0, 0], 12, b, base)
+    });
+    // GGML_ASSERT(sect_dims <= ne0).
+    refused(&h, "mrope sections past the row", |b, base| {
+        rope_graph(40, 64, [32, 32, 8, 0], 12, b, base)
+    });
+    // GGML_ASSERT(n_dims == ne0 / 2) for vision.
+    refused(&h, "vision rope n_dims", |b, base| {
+        rope_graph(24, 64, [8, 8, 0, 0], 12, b, base)
+    });
+    // Multi-rope reads pos[i2 + 3 * ne2]: 12 positions from 3 at the
+    // buffer's end.
+    refused(&h, "mrope with one position per token", |b, base| {
+        rope_graph(8, 64, [16, 8, 8, 0], 3, b, base)
+    });
+
+    let (mut c, b, base) = session(&h);
+    for (mode, n_dims, sections) in [
+        (8, 64, [16, 8, 8, 0]),
+        (40, 32, [11, 11, 10, 0]),
+        (24, 32, [8, 8, 0, 0]),
+    ] {
+        computes(
+            &mut c,
+            &format!("rope mode {mode}"),
+            &rope_graph(mode, n_dims, sections, 12, b, base),
+        );
+    }
+}
+
+/// SOFT_MAX of an F32 [16, 4, 8] source with `sinks` (at the buffer's end).
+fn soft_max_sinks(ty: u32, n: u32, b: u64, base: u64) -> GraphPayload {
+    let a = packed(1, F32, [16, 4, 8, 1], b, base, 0);
+    let s = at_end(2, ty, [n, 1, 1, 1], b, base);
+    let mut r = node(
+        packed(3, F32, [16, 4, 8, 1], b, base, 4096),
+        OP_SOFT_MAX,
+        &[1, 0, 2],
+    );
+    set_f32(&mut r, 0, 1.0);
+    one_node(vec![a, s, r])
+}
+
+/// FLASH_ATTN_EXT of one F32 query per head (4 heads) over 8 keys of
+/// `kv_ty` (2 KV heads), with `n_sinks` F32 sinks at the buffer's end.
+fn flash_attn(kv_ty: u32, n_sinks: u32, b: u64, base: u64) -> GraphPayload {
+    let q = packed(1, F32, [64, 1, 4, 1], b, base, 0);
+    let k = packed(2, kv_ty, [64, 8, 2, 1], b, base, 4096);
+    let v = packed(3, kv_ty, [64, 8, 2, 1], b, base, 12288);
+    let mut tensors = vec![q, k, v];
+    let mut srcs = vec![1, 2, 3, 0];
+    if n_sinks > 0 {
+        tensors.push(at_end(4, F32, [n_sinks, 1, 1, 1], b, base));
+        srcs.push(4);
+    }
+    let mut r = node(
+        packed(5, F32, [64, 4, 1, 1], b, base, 20480),
+        OP_FLASH_ATTN_EXT,
+        &srcs,
+    );
+    set_f32(&mut r, 0, 0.125);
+    tensors.push(r);
+    one_node(tensors)
+}
+
+#[test]
+fn sinks_and_attention_types() {
+    let h = start_ggml();
+    // sk[i02] for 8 heads: 2 sinks at the buffer's end are read past it.
+    refused(&h, "soft_max with 2 sinks for 8 heads", |b, base| {
+        soft_max_sinks(F32, 2, b, base)
+    });
+    refused(&h, "soft_max with F16 sinks", |b, base| {
+        soft_max_sinks(F16, 8, b, base)
+    });
+    refused(&h, "flash_attn_ext with 1 sink for 4 heads", |b, base| {
+        flash_attn(F16, 1, b, base)
+    });
+    // q8_1 K: type_traits_cpu gives it no vec_dot (a null call); Q8_0's
+    // from_float exists, so no assert stops it.
+    refused(&h, "flash_attn_ext with Q8_1 K/V", |b, base| {
+        flash_attn(Q8_1, 0, b, base)
+    });
+
+    let (mut c, b, base) = session(&h);
+    computes(&mut c, "soft_max sinks", &soft_max_sinks(F32, 8, b, base));
+    for ty in [F16, F32, BF16, Q8_0] {
+        computes(
+            &mut c,
+            &format!("flash_attn_ext {ty} with sinks"),
+            &flash_attn(ty, 4, b, base),
+        );
+    }
+}
+
+/// SET_ROWS of 2 F32 rows of 256 into a `ty` destination of 4 rows at the
+/// buffer's end, I64 indices [0, 3].
+fn set_rows(ty: u32, c: &mut Client, b: u64, base: u64) -> GraphPayload {
+    let rows = packed(1, F32, [256, 2, 1, 1], b, base, 0);
+    let idx = packed(2, I64, [2, 1, 1, 1], b, base, 4096);
+    let bytes: Vec<u8> = [0i64, 3].iter().flat_map(|v| v.to_le_bytes()).collect();
+    c.set_tensor(&idx, 0, &bytes).unwrap();
+    let dst = at_end(3, ty, [256, 4, 1, 1], b, base);
+    let mut r = node(dst.clone(), OP_SET_ROWS, &[1, 2, 3]);
+    r.id = 4;
+    r.view_src = 3;
+    one_node(vec![rows, idx, dst, r])
+}
+
+#[test]
+fn set_rows_destinations_need_a_from_float() {
+    let h = start_ggml();
+    // I16 rows: type_traits_cpu has no from_float (a null call).
+    let before = h.shared().refused_connections();
+    let (mut c, b, base) = session(&h);
+    let g = set_rows(I16, &mut c, b, base);
+    c.graph_compute(&g).unwrap();
+    assert!(is_closed(&mut c), "SET_ROWS into I16 was not refused");
+    wait_refused(&h, before + 1);
+    server_still_computes(&h);
+
+    let (mut c, b, base) = session(&h);
+    for ty in [Q8_0, Q4_K, BF16, I32] {
+        let g = set_rows(ty, &mut c, b, base);
+        computes(&mut c, &format!("set_rows into {ty}"), &g);
+    }
+}
