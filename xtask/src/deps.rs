@@ -42,6 +42,21 @@ pub const RUNTIME: [Package; 3] = [
     },
 ];
 
+/// C headers the FFI layout tests compile against (the backends' `#[repr(C)]`
+/// mirrors are checked field by field against what gcc makes of them).
+pub const FFI_HEADERS: [Package; 2] = [
+    Package {
+        name: "libfabric-dev",
+        probes: &["/usr/include/rdma/fabric.h"],
+        why: "libfabric headers for transfer-efa's struct layout test",
+    },
+    Package {
+        name: "libibverbs-dev",
+        probes: &["/usr/include/infiniband/verbs.h"],
+        why: "rdma-core verbs headers for transfer-verbs' struct layout test",
+    },
+];
+
 /// Native build tools of transfer-rpc's ggml backend (vendored llama.cpp).
 pub const GGML_BUILD: [Package; 2] = [
     Package {

@@ -13,7 +13,8 @@ const RPC_FEATURES: &str = "upstream-rpc,engine";
 
 /// Providers that must open on the CI host (`transfer_core::testing::REQUIRE_ENV`):
 /// a test that cannot open one fails instead of printing "skipped" and passing.
-const REQUIRE_HOST: &str = "tcp,shm";
+/// `headers`: the FFI layout tests must find the C headers and a compiler.
+const REQUIRE_HOST: &str = "tcp,shm,headers";
 
 /// The same inside the soft-RoCE VM: the native verbs backend on rxe.
 const REQUIRE_VM: &str = "verbs";
@@ -31,6 +32,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         }
     }
     deps::ensure(&deps::RUNTIME)?;
+    deps::ensure(&deps::FFI_HEADERS)?;
     step::cargo("rustfmt check", &["fmt", "--all", "--", "--check"])?;
     step::cargo(
         "clippy",

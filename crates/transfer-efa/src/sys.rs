@@ -635,4 +635,53 @@ mod tests {
         assert_eq!(offset_of!(fi_mr_attr, device), 72);
         assert_eq!(offset_of!(fi_ops_mr, regattr), 24);
     }
+
+    /// The same layouts, and more, against the real `<rdma/fabric.h>`
+    /// family compiled by the C compiler (Debian `libfabric-dev`, which
+    /// `cargo xtask test` installs): the numbers above are what 1.17 gave,
+    /// this proves the mirrors are those structs.
+    #[test]
+    fn layouts_match_the_installed_headers() {
+        let probes = transfer_core::c_layout_probes![
+            size fi_info, size fi_tx_attr, size fi_rx_attr, size fi_ep_attr,
+            size fi_domain_attr, size fi_fabric_attr, size fid, size fi_ops,
+            size fid_fabric, size fi_ops_fabric, size fid_domain, size fi_ops_domain,
+            size fi_ops_mr, size fid_mr, size fid_av, size fi_ops_av, size fi_av_attr,
+            size fid_cq, size fi_ops_cq, size fi_cq_attr, size fi_cq_data_entry,
+            size fi_cq_err_entry, size fid_ep, size fi_ops_cm, size fi_ops_msg,
+            size fi_ops_rma, size fi_msg_rma, size fi_rma_iov, size fid_nic,
+            size fi_link_attr, size fi_mr_attr,
+            offset fi_info.nic, offset fi_info.domain_attr, offset fi_info.fabric_attr,
+            offset fi_info.ep_attr, offset fi_info.tx_attr, offset fi_info.rx_attr,
+            offset fi_domain_attr.mr_mode, offset fi_domain_attr.cq_data_size,
+            offset fi_domain_attr.mr_key_size, offset fi_domain_attr.tclass,
+            offset fi_ep_attr.max_msg_size, offset fi_cq_err_entry.err,
+            offset fi_cq_err_entry.err_data, offset fi_cq_data_entry.data,
+            offset fid_ep.msg, offset fid_ep.rma, offset fi_ops_rma.writemsg,
+            offset fi_ops_msg.send, offset fi_ops_cq.strerror, offset fid_mr.key,
+            offset fi_link_attr.speed, offset fi_tx_attr.tclass,
+            offset fi_rx_attr.iov_limit, offset fi_mr_attr.iface,
+            offset fi_mr_attr.device, offset fi_ops_mr.regattr,
+        ];
+        let headers = [
+            "rdma/fabric.h",
+            "rdma/fi_domain.h",
+            "rdma/fi_endpoint.h",
+            "rdma/fi_rma.h",
+            "rdma/fi_cm.h",
+            "rdma/fi_errno.h",
+        ];
+        let c = match transfer_core::testing::c_layout::c_values(&headers, &probes) {
+            Ok(c) => c,
+            Err(e) => {
+                transfer_core::testing::skip_or_fail(
+                    "headers",
+                    format!("libfabric headers (apt-get install libfabric-dev): {e}"),
+                );
+                return;
+            }
+        };
+        let bad = transfer_core::testing::c_layout::mismatches(&probes, &c);
+        assert!(bad.is_empty(), "mirrors differ from the headers: {bad:#?}");
+    }
 }

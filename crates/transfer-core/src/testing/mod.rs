@@ -17,6 +17,7 @@
 mod domain;
 #[cfg(feature = "test-domain")]
 mod fabric;
+pub mod c_layout;
 pub mod require;
 
 #[cfg(feature = "test-domain")]

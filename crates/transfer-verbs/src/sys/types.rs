@@ -580,3 +580,56 @@ const _: () = {
     assert!(offset_of!(ibv_port_attr, active_speed) == 44);
     assert!(offset_of!(ibv_port_attr, link_layer) == 46);
 };
+
+#[cfg(test)]
+mod header_layout {
+    use super::super::extended::{ibv_parent_domain_init_attr, ibv_td_init_attr};
+    use super::*;
+
+    /// The mirrors against the real `<infiniband/verbs.h>` compiled by the
+    /// C compiler (Debian `libibverbs-dev`, which `cargo xtask test`
+    /// installs): the numbers above are what rdma-core 44 gave, this proves
+    /// the mirrors are those structs, field by field.
+    #[test]
+    fn layouts_match_the_installed_headers() {
+        let probes = transfer_core::c_layout_probes![
+            size ibv_device_attr, size ibv_context_ops, size ibv_context, size ibv_pd,
+            size ibv_mr, size ibv_cq, size ibv_srq, size ibv_qp, size ibv_wc, size ibv_sge,
+            size ibv_send_wr, size ibv_recv_wr, size ibv_qp_cap, size ibv_qp_init_attr,
+            size ibv_qp_attr, size ibv_ah_attr, size ibv_global_route, size ibv_srq_attr,
+            size ibv_srq_init_attr, size ibv_gid_entry,
+            size ibv_td_init_attr, size ibv_parent_domain_init_attr,
+            offset ibv_context.ops, offset ibv_context_ops.poll_cq,
+            offset ibv_context_ops.post_srq_recv, offset ibv_context_ops.post_send,
+            offset ibv_context_ops.post_recv, offset ibv_qp.qp_num,
+            offset ibv_wc.imm_data, offset ibv_wc.qp_num, offset ibv_wc.wc_flags,
+            offset ibv_send_wr.imm_data, offset ibv_send_wr.wr,
+            offset ibv_send_wr.qp_type_xrc_remote_srqn = "qp_type.xrc.remote_srqn",
+            offset ibv_send_wr._tail = "bind_mw",
+            offset ibv_qp_attr.ah_attr, offset ibv_qp_attr.pkey_index,
+            offset ibv_qp_attr.timeout, offset ibv_qp_attr.rate_limit,
+            offset ibv_device_attr.max_qp_wr, offset ibv_device_attr.max_srq_wr,
+            offset ibv_device_attr.phys_port_cnt, offset ibv_port_attr.lid,
+            offset ibv_port_attr.active_speed, offset ibv_port_attr.link_layer,
+        ];
+        // Our ibv_port_attr keeps room for fields later rdma-core versions
+        // append: what precedes that room must be the header's whole struct.
+        let mut probes = probes;
+        probes.push(transfer_core::testing::c_layout::Probe {
+            c_expr: "sizeof(struct ibv_port_attr)".into(),
+            rust: std::mem::offset_of!(ibv_port_attr, _reserved),
+        });
+        let c = match transfer_core::testing::c_layout::c_values(&["infiniband/verbs.h"], &probes) {
+            Ok(c) => c,
+            Err(e) => {
+                transfer_core::testing::skip_or_fail(
+                    "headers",
+                    format!("verbs headers (apt-get install libibverbs-dev): {e}"),
+                );
+                return;
+            }
+        };
+        let bad = transfer_core::testing::c_layout::mismatches(&probes, &c);
+        assert!(bad.is_empty(), "mirrors differ from the headers: {bad:#?}");
+    }
+}
