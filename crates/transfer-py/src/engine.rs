@@ -1,0 +1,755 @@
+//! `Engine`: the TransferEngine over libfabric, as Python sees it.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::Duration;
+
+use pyo3::buffer::PyUntypedBuffer;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyTuple};
+use transfer_core::{
+    BarrierRequest, EngineAddress, IdlePolicy, PagedWriteRequest, Pages, Result as CoreResult,
+    ScatterItem, ScatterRequest, SendRequest, TransferEngine, TransferError, WriteRequest,
+    WriteShape,
+};
+use transfer_efa::{Config, Library, Provider};
+
+use crate::error::{IntoPy, invalid, py_err};
+use crate::pages;
+use crate::region::{Memory, Peer, Region, RemoteRegion};
+use crate::signal::{LoopWaker, Signal, lock};
+use crate::transfer::{Transfer, deadline, timeout_error};
+
+/// The state every object of one engine shares.
+pub(crate) struct Shared {
+    /// `None` once closed. Calls hold the read lock while they use the
+    /// engine; `close` drops the engine under the write lock, so that
+    /// nobody sees `None` while NIC registrations still exist.
+    engine: RwLock<Option<TransferEngine>>,
+    /// Memory of regions dropped while transfers still used them: released
+    /// once the engine (and every registration) is gone.
+    pinned: Mutex<Vec<Memory>>,
+    recv: Arc<RecvQueue>,
+}
+
+impl Shared {
+    /// Runs `f` on the engine, or fails with `Shutdown` once closed.
+    pub(crate) fn with<T>(
+        &self,
+        call: &'static str,
+        f: impl FnOnce(&TransferEngine) -> CoreResult<T>,
+    ) -> CoreResult<T> {
+        let guard = self.engine.read().unwrap_or_else(PoisonError::into_inner);
+        match guard.as_ref() {
+            Some(e) => f(e),
+            None => Err(TransferError::Shutdown { call }),
+        }
+    }
+
+    /// Keeps `memory` until the engine is closed.
+    pub(crate) fn pin(&self, memory: Memory) {
+        let closed = self
+            .engine
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_none();
+        if closed {
+            drop(memory);
+        } else {
+            lock(&self.pinned).push(memory);
+        }
+    }
+
+    /// Stops the engine (every transfer still in flight fails with
+    /// `Shutdown`), then releases pinned memory. Idempotent.
+    fn close(&self, py: Python<'_>) {
+        py.detach(|| {
+            let mut guard = self.engine.write().unwrap_or_else(PoisonError::into_inner);
+            // Dropped under the lock: see `Shared::engine`.
+            drop(guard.take());
+        });
+        self.recv.close();
+        let pinned = std::mem::take(&mut *lock(&self.pinned));
+        drop(pinned);
+    }
+
+    fn closed(&self) -> bool {
+        self.engine
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_none()
+    }
+}
+
+/// Messages from the receive pool, waiting for `Engine.recv`.
+pub(crate) struct RecvQueue {
+    state: Mutex<RecvState>,
+    signal: Arc<Signal>,
+    dropped: AtomicU64,
+}
+
+struct RecvState {
+    messages: VecDeque<Vec<u8>>,
+    backlog: usize,
+    closed: bool,
+}
+
+impl RecvQueue {
+    fn new() -> Arc<Self> {
+        Arc::new(Self {
+            state: Mutex::new(RecvState {
+                messages: VecDeque::new(),
+                backlog: 0,
+                closed: false,
+            }),
+            signal: Signal::new(),
+            dropped: AtomicU64::new(0),
+        })
+    }
+
+    /// Runs on the engine's callback thread: no Python here.
+    fn push(&self, msg: &[u8]) {
+        {
+            let mut s = lock(&self.state);
+            if s.messages.len() >= s.backlog {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            s.messages.push_back(msg.to_vec());
+        }
+        self.signal.notify();
+    }
+
+    fn close(&self) {
+        lock(&self.state).closed = true;
+        self.signal.notify();
+    }
+
+    /// A message, `Ok(None)` when none is queued, `Err` once closed and empty.
+    fn pop(&self) -> CoreResult<Option<Vec<u8>>> {
+        let mut s = lock(&self.state);
+        match s.messages.pop_front() {
+            Some(m) => Ok(Some(m)),
+            None if s.closed => Err(TransferError::Shutdown { call: "recv" }),
+            None => Ok(None),
+        }
+    }
+}
+
+/// The bytes of a bytes-like argument (bytes, bytearray, memoryview, numpy).
+pub(crate) fn bytes_arg(what: &'static str, obj: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
+    if let Ok(b) = obj.cast::<PyBytes>() {
+        return Ok(b.as_bytes().to_vec());
+    }
+    let buf = PyUntypedBuffer::get(obj)
+        .map_err(|_| invalid("bytes argument", format!("{what} must be bytes-like")))?;
+    if !buf.is_c_contiguous() {
+        return Err(invalid(
+            "bytes argument",
+            format!("{what} must be C-contiguous"),
+        ));
+    }
+    let len = buf.len_bytes();
+    let mut out = vec![0u8; len];
+    // SAFETY: the export keeps `len` bytes at `buf_ptr` valid while `buf`
+    // lives; the GIL is held, and `out` has exactly `len` bytes.
+    unsafe { std::ptr::copy_nonoverlapping(buf.buf_ptr().cast::<u8>(), out.as_mut_ptr(), len) };
+    Ok(out)
+}
+
+/// Opens the domains `Engine(...)` asks for.
+fn open(
+    provider: Option<&str>,
+    nics: Option<usize>,
+    bind: Option<&str>,
+    peer_timeout: Option<f64>,
+    busy_poll: bool,
+) -> CoreResult<(TransferEngine, String, usize)> {
+    const CALL: &str = "Engine";
+    if nics == Some(0) {
+        return Err(TransferError::invalid(CALL, "nics must be at least 1"));
+    }
+    let provider = match provider {
+        Some(p) => Provider::parse(p),
+        None => transfer_efa::default_provider(&Library::load()?),
+    };
+    let mut config = match bind {
+        Some(ip) if provider.is_ip_based() => Config::new(provider.clone()).with_node(ip),
+        _ => Config::new(provider.clone()),
+    };
+    if let Some(t) = peer_timeout {
+        let d = Duration::try_from_secs_f64(t)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| {
+                TransferError::invalid(
+                    CALL,
+                    format!("peer_timeout {t} is not a positive number of seconds"),
+                )
+            })?;
+        config = config.with_peer_timeout(d);
+    }
+    let domains = match provider {
+        // Multi-NIC providers: one domain per NIC the machine has.
+        Provider::Efa | Provider::Raw(_) => {
+            let mut all = transfer_efa::open_domains(&config)?;
+            if let Some(n) = nics {
+                all.truncate(n);
+            }
+            all
+        }
+        // One NIC: `nics` independent endpoints on it.
+        _ => transfer_efa::open_loopback_domains(&config, nics.unwrap_or(1))?,
+    };
+    let name = domains
+        .first()
+        .map_or_else(|| provider.to_string(), |d| d.provider_name());
+    let count = domains.len();
+    let idle = if busy_poll {
+        IdlePolicy::busy_poll()
+    } else {
+        IdlePolicy::default()
+    };
+    let engine = TransferEngine::builder()
+        .idle_policy(idle)
+        .group(domains)
+        .build()?;
+    Ok((engine, name, count))
+}
+
+/// Whether `a` and `b` belong to the same engine.
+fn same(a: &Arc<Shared>, b: &Arc<Shared>, what: &str) -> PyResult<()> {
+    if Arc::ptr_eq(a, b) {
+        Ok(())
+    } else {
+        Err(invalid(
+            "engine",
+            format!("{what} belongs to another Engine"),
+        ))
+    }
+}
+
+/// A TransferEngine: registers memory, writes into peers' memory with
+/// optional 32-bit immediates, counts the immediates it receives, and sends
+/// small messages. Thread-safe; every blocking call releases the GIL.
+#[pyclass(frozen, module = "transfer")]
+pub struct Engine {
+    shared: Arc<Shared>,
+    address: Vec<u8>,
+    provider: String,
+    nics: usize,
+}
+
+impl Engine {
+    fn check_src(&self, src: &Region) -> PyResult<()> {
+        same(&self.shared, &src.shared, "the source region")
+    }
+
+    fn check_dst(&self, dst: &RemoteRegion) -> PyResult<()> {
+        same(&self.shared, &dst.shared, "the destination")
+    }
+
+    /// Submits `req` with the GIL released and wraps its `Pending`.
+    fn start<'a, R>(
+        &self,
+        py: Python<'_>,
+        req: R,
+        what: &'static str,
+        keep: Option<Py<PyAny>>,
+    ) -> PyResult<Transfer>
+    where
+        R: Into<transfer_core::Request<'a>> + Send,
+    {
+        let pending = py
+            .detach(|| self.shared.with(what, move |e| e.start(req)))
+            .py()?;
+        Ok(Transfer::new(Box::pin(pending), what, keep))
+    }
+}
+
+#[pymethods]
+impl Engine {
+    /// Starts an engine. `backend`: "auto" or "libfabric". `provider`:
+    /// a libfabric provider ("tcp", "shm", "efa", ...; default: the
+    /// `TRANSFER_PROVIDER` variable, else EFA when present, else tcp).
+    /// `nics`: NICs (domains) to use (default: every EFA NIC, else 1).
+    /// `bind`: the IP address IP providers bind to (e.g. "127.0.0.1").
+    /// `peer_timeout`: seconds before an operation to a silent peer fails
+    /// (default 5). `busy_poll`: workers never sleep (lowest latency, one
+    /// core each).
+    #[new]
+    #[pyo3(signature = (backend="auto", provider=None, nics=None, *, bind=None, peer_timeout=None, busy_poll=false))]
+    fn new(
+        py: Python<'_>,
+        backend: &str,
+        provider: Option<String>,
+        nics: Option<usize>,
+        bind: Option<String>,
+        peer_timeout: Option<f64>,
+        busy_poll: bool,
+    ) -> PyResult<Self> {
+        match backend {
+            "auto" | "libfabric" => {}
+            other => {
+                return Err(invalid(
+                    "Engine",
+                    format!(
+                        "unknown backend {other:?} (the Python package offers \"auto\" and \"libfabric\")"
+                    ),
+                ));
+            }
+        }
+        let (engine, provider, nics) = py
+            .detach(|| {
+                open(
+                    provider.as_deref(),
+                    nics,
+                    bind.as_deref(),
+                    peer_timeout,
+                    busy_poll,
+                )
+            })
+            .py()?;
+        let address = engine.address().to_bytes().py()?;
+        Ok(Self {
+            shared: Arc::new(Shared {
+                engine: RwLock::new(Some(engine)),
+                pinned: Mutex::new(Vec::new()),
+                recv: RecvQueue::new(),
+            }),
+            address,
+            provider,
+            nics,
+        })
+    }
+
+    /// This engine's address: hand it to peers (`Engine.connect`).
+    #[getter]
+    fn address<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.address)
+    }
+
+    /// The libfabric provider in use (e.g. "tcp;ofi_rxm", "shm", "efa").
+    #[getter]
+    fn provider(&self) -> &str {
+        &self.provider
+    }
+
+    /// The backend ("libfabric").
+    #[getter]
+    fn backend(&self) -> &'static str {
+        "libfabric"
+    }
+
+    /// Number of NICs (domains).
+    #[getter]
+    fn nics(&self) -> usize {
+        self.nics
+    }
+
+    /// Whether `close()` was called.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.shared.closed()
+    }
+
+    /// A peer from its address (`Engine.address` on its side). Cheap: the
+    /// connection is set up by the first transfer.
+    fn connect(&self, address: &Bound<'_, PyAny>) -> PyResult<Peer> {
+        let bytes = bytes_arg("address", address)?;
+        Peer::connect(&self.shared, bytes)
+    }
+
+    /// Registers memory for transfers: anything with the writable buffer
+    /// protocol (numpy array, bytearray, memoryview), or a tuple
+    /// `(ptr, nbytes, device)` with device "cpu" (the caller keeps that
+    /// memory valid; `owner` is kept referenced for it). The region keeps
+    /// the object referenced until unregistered or the engine closes.
+    #[pyo3(signature = (obj, *, owner=None))]
+    fn register(&self, obj: &Bound<'_, PyAny>, owner: Option<Py<PyAny>>) -> PyResult<Region> {
+        Region::register(&self.shared, obj, owner)
+    }
+
+    /// Writes `nbytes` (default: the rest of `src` after `src_offset`) of
+    /// `src` into `dst`; with `imm`, the peer counts one logical arrival
+    /// (see `expected_imms`). `nbytes=0` with `imm` sends the immediate only.
+    #[pyo3(signature = (src, dst, *, src_offset=0, dst_offset=0, nbytes=None, imm=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn write(
+        &self,
+        py: Python<'_>,
+        src: &Bound<'_, Region>,
+        dst: &Bound<'_, RemoteRegion>,
+        src_offset: u64,
+        dst_offset: u64,
+        nbytes: Option<u64>,
+        imm: Option<u32>,
+    ) -> PyResult<Transfer> {
+        let (s, d) = (src.get(), dst.get());
+        self.check_src(s)?;
+        self.check_dst(d)?;
+        let len = match nbytes {
+            Some(n) => n,
+            None => (s.region.len() as u64)
+                .checked_sub(src_offset)
+                .ok_or_else(|| {
+                    invalid(
+                        "write",
+                        format!("src_offset {src_offset} is past the region's end"),
+                    )
+                })?,
+        };
+        let req = WriteRequest {
+            src: &s.region,
+            src_offset,
+            dst: &d.target,
+            dst_offset,
+            len,
+            imm,
+        };
+        self.start(py, req, "write", Some(src.clone().into_any().unbind()))
+    }
+
+    /// Writes pages: `src_pages[i]` of `src` to `dst_pages[i]` of `dst`,
+    /// `page_len` bytes each. Page `p` starts at `offset + p * stride`
+    /// (stride default: `page_len`). Page lists: numpy arrays (uint32
+    /// best, any integer type works) or sequences of ints.
+    #[pyo3(signature = (src, src_pages, dst, dst_pages, page_len, *, src_stride=None, dst_stride=None, src_offset=0, dst_offset=0, imm=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn write_paged(
+        &self,
+        py: Python<'_>,
+        src: &Bound<'_, Region>,
+        src_pages: &Bound<'_, PyAny>,
+        dst: &Bound<'_, RemoteRegion>,
+        dst_pages: &Bound<'_, PyAny>,
+        page_len: u64,
+        src_stride: Option<u64>,
+        dst_stride: Option<u64>,
+        src_offset: u64,
+        dst_offset: u64,
+        imm: Option<u32>,
+    ) -> PyResult<Transfer> {
+        let (s, d) = (src.get(), dst.get());
+        self.check_src(s)?;
+        self.check_dst(d)?;
+        let req = PagedWriteRequest {
+            src: &s.region,
+            src_pages: Pages {
+                indices: pages::indices(src_pages, "src_pages")?,
+                stride: src_stride.unwrap_or(page_len),
+                offset: src_offset,
+            },
+            dst: &d.target,
+            dst_pages: Pages {
+                indices: pages::indices(dst_pages, "dst_pages")?,
+                stride: dst_stride.unwrap_or(page_len),
+                offset: dst_offset,
+            },
+            page_len,
+            imm,
+        };
+        self.start(
+            py,
+            req,
+            "write_paged",
+            Some(src.clone().into_any().unbind()),
+        )
+    }
+
+    /// Scatters slices of `src`: `items` are `(dst, src_offset,
+    /// dst_offset, nbytes)` tuples, each like one write (so each receiver
+    /// counts `expected_imms(nbytes=...)` arrivals per item).
+    #[pyo3(signature = (src, items, *, imm=None))]
+    fn scatter(
+        &self,
+        py: Python<'_>,
+        src: &Bound<'_, Region>,
+        items: &Bound<'_, PyAny>,
+        imm: Option<u32>,
+    ) -> PyResult<Transfer> {
+        let s = src.get();
+        self.check_src(s)?;
+        let mut list = Vec::new();
+        for item in items.try_iter()? {
+            let item = item?;
+            let t = item.cast::<PyTuple>().map_err(|_| {
+                invalid(
+                    "scatter",
+                    "each item is a (dst, src_offset, dst_offset, nbytes) tuple",
+                )
+            })?;
+            if t.len() != 4 {
+                return Err(invalid(
+                    "scatter",
+                    "each item is a (dst, src_offset, dst_offset, nbytes) tuple",
+                ));
+            }
+            let dst = t.get_item(0)?;
+            let dst = dst
+                .cast::<RemoteRegion>()
+                .map_err(|_| invalid("scatter", "an item's dst is not a RemoteRegion"))?
+                .get();
+            self.check_dst(dst)?;
+            list.push(ScatterItem {
+                dst: dst.target.clone(),
+                src_offset: t.get_item(1)?.extract()?,
+                dst_offset: t.get_item(2)?.extract()?,
+                len: t.get_item(3)?.extract()?,
+            });
+        }
+        let req = ScatterRequest {
+            src: &s.region,
+            items: list,
+            imm,
+        };
+        self.start(py, req, "scatter", Some(src.clone().into_any().unbind()))
+    }
+
+    /// Sends the immediate `imm` (a zero-byte write) to every target:
+    /// each receiver counts exactly one arrival.
+    fn barrier(&self, py: Python<'_>, targets: &Bound<'_, PyAny>, imm: u32) -> PyResult<Transfer> {
+        let mut list = Vec::new();
+        if let Ok(one) = targets.cast::<RemoteRegion>() {
+            self.check_dst(one.get())?;
+            list.push(one.get().target.clone());
+        } else {
+            for t in targets.try_iter()? {
+                let t = t?;
+                let r = t
+                    .cast::<RemoteRegion>()
+                    .map_err(|_| invalid("barrier", "targets must be RemoteRegions"))?
+                    .get();
+                self.check_dst(r)?;
+                list.push(r.target.clone());
+            }
+        }
+        self.start(py, BarrierRequest::to(&list, imm), "barrier", None)
+    }
+
+    /// Sends a small message (copied at once) to `peer`'s receive pool.
+    fn send(
+        &self,
+        py: Python<'_>,
+        peer: &Bound<'_, Peer>,
+        data: &Bound<'_, PyAny>,
+    ) -> PyResult<Transfer> {
+        let p = peer.get();
+        same(&self.shared, &p.shared, "the peer")?;
+        let bytes = bytes_arg("data", data)?;
+        let req = SendRequest {
+            peer: &p.peer,
+            data: &bytes,
+        };
+        self.start(py, req, "send", None)
+    }
+
+    /// Starts receiving messages: `count` buffers of `size` bytes (the
+    /// largest message). Up to `backlog` messages wait for `recv`; more are
+    /// dropped and counted (`recv_dropped`). Once per engine.
+    #[pyo3(signature = (count=64, size=65536, *, backlog=65536))]
+    fn start_recv_pool(
+        &self,
+        py: Python<'_>,
+        count: usize,
+        size: usize,
+        backlog: usize,
+    ) -> PyResult<()> {
+        lock(&self.shared.recv.state).backlog = backlog;
+        let queue = self.shared.recv.clone();
+        py.detach(|| {
+            self.shared.with("start_recv_pool", |e| {
+                e.start_recv_pool(count, size, move |msg| queue.push(msg))
+            })
+        })
+        .py()
+    }
+
+    /// The next message; blocks (GIL released) up to `timeout` seconds
+    /// (`None`: no limit), then raises `TransferTimeout`.
+    #[pyo3(signature = (timeout=None))]
+    fn recv<'py>(&self, py: Python<'py>, timeout: Option<f64>) -> PyResult<Bound<'py, PyBytes>> {
+        let queue = &self.shared.recv;
+        let deadline = deadline(timeout)?;
+        loop {
+            let seen = queue.signal.generation();
+            if let Some(m) = queue.pop().py()? {
+                return Ok(PyBytes::new(py, &m));
+            }
+            let slice_end = std::time::Instant::now() + Duration::from_millis(50);
+            let until = deadline.map_or(slice_end, |d| d.min(slice_end));
+            let changed = py.detach(|| queue.signal.wait_past(seen, until));
+            if !changed {
+                if let Some(d) = deadline
+                    && std::time::Instant::now() >= d
+                {
+                    if let Some(m) = queue.pop().py()? {
+                        return Ok(PyBytes::new(py, &m));
+                    }
+                    return Err(py_err(timeout_error("recv", timeout)));
+                }
+                py.check_signals()?;
+            }
+        }
+    }
+
+    /// The next message if one is queued, else None.
+    fn try_recv<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        Ok(self.shared.recv.pop().py()?.map(|m| PyBytes::new(py, &m)))
+    }
+
+    /// Awaitable `recv` for asyncio.
+    fn recv_async<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        slf.py()
+            .import("transfer._aio")?
+            .getattr("recv")?
+            .call1((slf,))
+    }
+
+    /// Messages dropped because `backlog` messages were already waiting.
+    #[getter]
+    fn recv_dropped(&self) -> u64 {
+        self.shared.recv.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Internal (asyncio): push `token` to `waker` at the next message.
+    fn _notify_recv(&self, waker: &LoopWaker, token: u64) {
+        let queue = &self.shared.recv;
+        queue.signal.add_notifier(waker.inner.clone(), token);
+        let s = lock(&queue.state);
+        if !s.messages.is_empty() || s.closed {
+            waker.inner.push(token);
+        }
+    }
+
+    /// A `Transfer` that completes once `count` immediates `imm` arrived
+    /// (consuming them). Expectations on one value are served in order.
+    /// Dropping or cancelling it before then withdraws it.
+    #[pyo3(signature = (imm, count=1))]
+    fn expect_imm(&self, imm: u32, count: u64) -> PyResult<Transfer> {
+        let fut = self
+            .shared
+            .with("expect_imm", |e| Ok(e.imm_future(imm, count)))
+            .py()?;
+        Ok(Transfer::expectation(Box::pin(fut)))
+    }
+
+    /// Blocks (GIL released) until `count` immediates `imm` arrived, then
+    /// consumes them; raises `TransferTimeout` after `timeout` seconds (the
+    /// expectation is withdrawn then).
+    #[pyo3(signature = (imm, count=1, timeout=None))]
+    fn wait_imm(&self, py: Python<'_>, imm: u32, count: u64, timeout: Option<f64>) -> PyResult<()> {
+        let t = self.expect_imm(imm, count)?;
+        match t.op.block(py, timeout) {
+            Ok(Some(r)) => r.py(),
+            Ok(None) => {
+                // Withdraw; if it was met meanwhile, that counts.
+                if t.op.cancel() {
+                    Err(py_err(timeout_error("wait_imm", timeout)))
+                } else {
+                    t.op.poll().cloned().unwrap_or(Ok(())).py()
+                }
+            }
+            Err(e) => {
+                t.op.cancel();
+                Err(e)
+            }
+        }
+    }
+
+    /// Arrivals of `imm` not consumed by an expectation yet.
+    fn imm_value(&self, imm: u32) -> PyResult<u64> {
+        self.shared.with("imm_value", |e| Ok(e.imm_value(imm))).py()
+    }
+
+    /// Takes up to `count` pending arrivals of `imm` (when no expectation
+    /// waits on it); returns how many were taken. For polling receivers.
+    fn take_imm(&self, imm: u32, count: u64) -> PyResult<u64> {
+        self.shared
+            .with("take_imm", |e| Ok(e.take_imm(imm, count)))
+            .py()
+    }
+
+    /// Immediate arrivals dropped because too many distinct unexpected
+    /// values were held (a peer sent values nobody waits for).
+    #[getter]
+    fn imm_dropped(&self) -> PyResult<u64> {
+        self.shared
+            .with("imm_dropped", |e| Ok(e.imm_dropped()))
+            .py()
+    }
+
+    /// How many immediates one logical transfer from `sender` (a `Peer`
+    /// or its address) delivers here: give `nbytes` for a write (or one
+    /// scatter item), `pages` (and `page_len` if pages may be large) for a
+    /// paged write, or `barrier=True`.
+    #[pyo3(signature = (sender, *, nbytes=None, pages=None, page_len=None, barrier=false, sender_group=0, my_group=0))]
+    #[allow(clippy::too_many_arguments)]
+    fn expected_imms(
+        &self,
+        sender: &Bound<'_, PyAny>,
+        nbytes: Option<u64>,
+        pages: Option<usize>,
+        page_len: Option<u64>,
+        barrier: bool,
+        sender_group: usize,
+        my_group: usize,
+    ) -> PyResult<u64> {
+        const CALL: &str = "expected_imms";
+        let shape = match (nbytes, pages, page_len, barrier) {
+            (Some(len), None, None, false) => WriteShape::Single { len },
+            (None, Some(pages), None, false) => WriteShape::Paged { pages },
+            (None, Some(pages), Some(page_len), false) => {
+                WriteShape::PagedSized { pages, page_len }
+            }
+            (None, None, None, true) => WriteShape::Barrier,
+            _ => {
+                return Err(invalid(
+                    CALL,
+                    "give exactly one shape: nbytes=, pages= (with optional page_len=), or barrier=True",
+                ));
+            }
+        };
+        let addr = match sender.cast::<Peer>() {
+            Ok(p) => p.get().core_address().clone(),
+            Err(_) => EngineAddress::from_bytes(&bytes_arg("sender", sender)?).py()?,
+        };
+        self.shared
+            .with(CALL, |e| {
+                e.expected_imms(&addr, sender_group, my_group, shape)
+            })
+            .py()
+    }
+
+    /// Stops the engine: transfers in flight fail with `EngineShutdown`,
+    /// NICs close, threads are joined, registered objects are released.
+    /// Idempotent; also runs when the engine is garbage-collected.
+    fn close(&self, py: Python<'_>) {
+        self.shared.close(py);
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, PyTuple>) {
+        self.close(py);
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<Engine {} x{}{}>",
+            self.provider,
+            self.nics,
+            if self.shared.closed() { " closed" } else { "" }
+        )
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        Python::attach(|py| self.shared.close(py));
+    }
+}

@@ -1,0 +1,269 @@
+//! `Transfer`: one operation in flight (a write, a send, an immediate
+//! expectation) that Python can poll, block on (GIL released) or await.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use pyo3::prelude::*;
+use transfer_core::{Result as CoreResult, TransferError};
+
+use crate::error::{invalid, py_err};
+use crate::signal::{LoopWaker, Signal, lock};
+
+/// An engine future: a `Pending` (writes, sends) or an `ImmFuture`.
+pub(crate) type EngineFuture = Pin<Box<dyn Future<Output = CoreResult<()>> + Send>>;
+
+/// How long a blocking wait keeps the GIL released before it looks for
+/// signals (Ctrl-C) and goes on.
+const SIGNAL_CHECK: Duration = Duration::from_millis(50);
+
+/// The call a cancelled operation's error names (`kind == "cancelled"` in Python).
+pub(crate) const CANCEL_CALL: &str = "Transfer.cancel";
+const CANCELLED: &str = "cancelled before it finished";
+
+/// The shared state of one operation.
+pub(crate) struct Op {
+    /// The engine future until it resolved.
+    fut: Mutex<Option<EngineFuture>>,
+    result: OnceLock<CoreResult<()>>,
+    signal: Arc<Signal>,
+    waker: Waker,
+}
+
+/// What one slice of a blocking wait ended with.
+pub(crate) enum Waited {
+    Done(CoreResult<()>),
+    TimedOut,
+    /// The slice ended before the deadline: check signals, then go on.
+    Slice,
+}
+
+impl Op {
+    pub(crate) fn new(fut: EngineFuture) -> Arc<Self> {
+        let signal = Signal::new();
+        let op = Arc::new(Self {
+            fut: Mutex::new(Some(fut)),
+            result: OnceLock::new(),
+            waker: Waker::from(signal.clone()),
+            signal,
+        });
+        // The first poll registers the waker, so completion always notifies.
+        op.poll();
+        op
+    }
+
+    /// The outcome if the operation finished; polls the future otherwise.
+    pub(crate) fn poll(&self) -> Option<&CoreResult<()>> {
+        if let Some(r) = self.result.get() {
+            return Some(r);
+        }
+        let mut slot = lock(&self.fut);
+        if let Some(r) = self.result.get() {
+            return Some(r);
+        }
+        let fut = slot.as_mut()?;
+        if let Poll::Ready(r) = fut.as_mut().poll(&mut Context::from_waker(&self.waker)) {
+            let _ = self.result.set(r);
+            // Dropping a resolved future has no effect on the engine.
+            *slot = None;
+        }
+        drop(slot);
+        self.result.get()
+    }
+
+    /// Waits until done, `deadline` or the end of one slice (GIL released by the caller).
+    pub(crate) fn wait_slice(&self, deadline: Option<Instant>) -> Waited {
+        let slice_end = Instant::now() + SIGNAL_CHECK;
+        loop {
+            let seen = self.signal.generation();
+            if let Some(r) = self.poll() {
+                return Waited::Done(r.clone());
+            }
+            let until = deadline.map_or(slice_end, |d| d.min(slice_end));
+            if !self.signal.wait_past(seen, until) {
+                if let Some(r) = self.poll() {
+                    return Waited::Done(r.clone());
+                }
+                return match deadline {
+                    Some(d) if Instant::now() >= d => Waited::TimedOut,
+                    _ => Waited::Slice,
+                };
+            }
+        }
+    }
+
+    /// Blocks (GIL released, Ctrl-C honoured) until done or `timeout`
+    /// seconds passed (`None`: no limit). `Ok(None)` on timeout.
+    pub(crate) fn block(
+        &self,
+        py: Python<'_>,
+        timeout: Option<f64>,
+    ) -> PyResult<Option<CoreResult<()>>> {
+        if let Some(r) = self.poll() {
+            return Ok(Some(r.clone()));
+        }
+        let deadline = deadline(timeout)?;
+        loop {
+            match py.detach(|| self.wait_slice(deadline)) {
+                Waited::Done(r) => return Ok(Some(r)),
+                Waited::TimedOut => return Ok(None),
+                Waited::Slice => py.check_signals()?,
+            }
+        }
+    }
+
+    /// Makes `waker` receive `token` once the operation finished (at once
+    /// if it already has).
+    pub(crate) fn notify(&self, waker: &LoopWaker, token: u64) {
+        self.signal.add_notifier(waker.inner.clone(), token);
+        if self.poll().is_some() {
+            waker.inner.push(token);
+        }
+    }
+
+    /// Drops the engine future if the operation has not finished (for an
+    /// immediate expectation: withdraws it) and resolves as cancelled.
+    /// Returns whether it did.
+    pub(crate) fn cancel(&self) -> bool {
+        if self.poll().is_some() {
+            return false;
+        }
+        let mut slot = lock(&self.fut);
+        if self.result.get().is_some() || slot.is_none() {
+            return false;
+        }
+        // Dropping an `ImmFuture` withdraws its expectation.
+        *slot = None;
+        let _ = self
+            .result
+            .set(Err(TransferError::invalid(CANCEL_CALL, CANCELLED)));
+        drop(slot);
+        self.signal.notify();
+        true
+    }
+}
+
+/// `timeout` seconds from now; `None` for no limit.
+pub(crate) fn deadline(timeout: Option<f64>) -> PyResult<Option<Instant>> {
+    match timeout {
+        None => Ok(None),
+        Some(t) => {
+            let d = Duration::try_from_secs_f64(t).map_err(|_| {
+                invalid(
+                    "timeout",
+                    format!("{t} is not a non-negative number of seconds"),
+                )
+            })?;
+            // A limit too far to represent is no limit.
+            Ok(Instant::now().checked_add(d))
+        }
+    }
+}
+
+/// The error of a wait that ran out of time.
+pub(crate) fn timeout_error(call: &'static str, timeout: Option<f64>) -> TransferError {
+    let millis = timeout.map_or(u64::MAX, |t| (t * 1000.0) as u64);
+    TransferError::Timeout { call, millis }
+}
+
+/// One operation in flight: a write, a send, a barrier, or an immediate
+/// expectation. `done()` polls, `wait(timeout)` blocks with the GIL
+/// released, `await transfer` suspends an asyncio task. A failure raises
+/// `TransferError` (or a subclass) from `wait()` / `await`.
+#[pyclass(frozen, module = "transfer")]
+pub struct Transfer {
+    pub(crate) op: Arc<Op>,
+    what: &'static str,
+    /// An immediate expectation, which `cancel()` can withdraw.
+    cancellable: bool,
+    /// Objects kept alive until the transfer is dropped (the source region).
+    _keep: Option<Py<PyAny>>,
+}
+
+impl Transfer {
+    /// A write, send or barrier; `keep` stays referenced while the transfer lives.
+    pub(crate) fn new(fut: EngineFuture, what: &'static str, keep: Option<Py<PyAny>>) -> Self {
+        Self {
+            op: Op::new(fut),
+            what,
+            cancellable: false,
+            _keep: keep,
+        }
+    }
+
+    /// An immediate expectation (cancellable).
+    pub(crate) fn expectation(fut: EngineFuture) -> Self {
+        Self {
+            op: Op::new(fut),
+            what: "expect_imm",
+            cancellable: true,
+            _keep: None,
+        }
+    }
+}
+
+#[pymethods]
+impl Transfer {
+    /// Whether the operation finished (successfully or not).
+    fn done(&self) -> bool {
+        self.op.poll().is_some()
+    }
+
+    /// Blocks until the operation finished, with the GIL released; raises
+    /// its error, or `TransferTimeout` when `timeout` seconds pass first
+    /// (the operation goes on: wait again or await it).
+    #[pyo3(signature = (timeout=None))]
+    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
+        match self.op.block(py, timeout)? {
+            Some(r) => r.map_err(py_err),
+            None => Err(py_err(timeout_error("Transfer.wait", timeout))),
+        }
+    }
+
+    /// The error the operation failed with (`None` while running or after success).
+    fn exception(&self, py: Python<'_>) -> Option<PyErr> {
+        match self.op.poll() {
+            Some(Err(e)) => Some(crate::error::to_py(py, e)),
+            _ => None,
+        }
+    }
+
+    /// Withdraws an immediate expectation that has not been met yet (later
+    /// arrivals go to later expectations) and returns True; the transfer
+    /// then fails with kind "cancelled". Writes, sends and barriers cannot
+    /// be called back once submitted: False, as for a finished transfer.
+    fn cancel(&self) -> bool {
+        self.cancellable && self.op.cancel()
+    }
+
+    /// Whether this is an immediate expectation (`Engine.expect_imm`).
+    #[getter]
+    fn cancellable(&self) -> bool {
+        self.cancellable
+    }
+
+    /// Internal (asyncio): push `token` to `waker` once done.
+    fn _notify(&self, waker: &LoopWaker, token: u64) {
+        self.op.notify(waker, token);
+    }
+
+    fn __await__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        py.import("transfer._aio")?
+            .getattr("wait")?
+            .call1((slf,))?
+            .call_method0("__await__")
+    }
+
+    fn __repr__(&self) -> String {
+        let state = match self.op.poll() {
+            None => "running".to_owned(),
+            Some(Ok(())) => "done".to_owned(),
+            Some(Err(e)) => format!("failed: {e}"),
+        };
+        format!("<Transfer {} {state}>", self.what)
+    }
+}
