@@ -36,6 +36,16 @@ pub fn idle_percent(secs: f64) -> Option<f64> {
     Some(100.0 * (c1.saturating_sub(c0)).as_secs_f64() / t0.elapsed().as_secs_f64())
 }
 
+/// The 1-minute load average (`/proc/loadavg`), where the system has one.
+pub fn load_average() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;

@@ -48,6 +48,7 @@ pub struct Driver {
     /// Backend options (for the raw baseline's bare domain).
     pub opts: BackendOpts,
     next_imm: u32,
+    pattern_seed: u64,
 }
 
 /// The raw baseline's bare domain and the sink it writes to.
@@ -115,6 +116,7 @@ impl Driver {
             provider,
             opts: opts.clone(),
             next_imm: 1,
+            pattern_seed: 0xB0B,
         })
     }
 
@@ -168,6 +170,22 @@ impl Driver {
             Response::Checksum(c) => Ok(c),
             other => Err(protocol("checksum", format!("unexpected {other:?}"))),
         }
+    }
+
+    /// Gives `src[..len]` a pattern no earlier run used, so that verifying
+    /// after a timed run proves the timed writes landed (a warm-up or an
+    /// earlier point left the previous pattern at the destination).
+    pub fn fresh_pattern(&mut self, len: u64) -> Result<()> {
+        let len = (len as usize).min(self.pattern.len());
+        self.pattern_seed = self.pattern_seed.wrapping_add(1);
+        let seed = self.pattern_seed;
+        let prefix = self
+            .pattern
+            .get_mut(..len)
+            .ok_or_else(|| protocol("pattern", "length"))?;
+        crate::verify::fill(prefix, seed);
+        self.src.write_at(0, prefix)?;
+        Ok(())
     }
 
     /// Checks that engine 0 of server 0 holds `src[0..len]` at offset 0.

@@ -43,10 +43,10 @@ pub fn table(res: &Results) -> String {
     );
     let _ = writeln!(
         out,
-        "{:<13} {:<22} {:>12} {:>12} {:>7} {:>8} {:>7} {:>16} {:<3}",
-        "sweep", "point", "engine", "baseline", "ratio", "target", "", "p50/p99 us", "ok"
+        "{:<13} {:<22} {:>12} {:>12} {:>7} {:>11} {:>8} {:>7} {:>16} {:<3}",
+        "sweep", "point", "engine", "baseline", "ratio", "range", "target", "", "p50/p99 us", "ok"
     );
-    let _ = writeln!(out, "{}", "-".repeat(110));
+    let _ = writeln!(out, "{}", "-".repeat(122));
     for r in &res.rows {
         let base = r
             .baseline
@@ -57,18 +57,28 @@ pub fn table(res: &Results) -> String {
             .ratio
             .map(|x| format!("{x:.2}"))
             .unwrap_or_else(|| "-".into());
+        let range = r
+            .ratio_spread
+            .map(|(lo, hi)| format!("{lo:.2}-{hi:.2}"))
+            .unwrap_or_default();
+        let ok = match (r.moves_data, r.verified) {
+            (false, _) => "n/a",
+            (true, true) => "yes",
+            (true, false) => "no",
+        };
         let _ = writeln!(
             out,
-            "{:<13} {:<22} {:>12} {:>12} {:>7} {:>8} {:>7} {:>16} {:<3}",
+            "{:<13} {:<22} {:>12} {:>12} {:>7} {:>11} {:>8} {:>7} {:>16} {:<3}",
             r.sweep,
             r.label,
             value(r.metric, &r.engine),
             base,
             ratio,
+            range,
             r.target.clone().unwrap_or_default(),
             verdict(r),
             tail(&r.engine),
-            if r.verified { "yes" } else { "no" }
+            ok
         );
     }
     let mut baselines: Vec<&str> = res
@@ -79,6 +89,10 @@ pub fn table(res: &Results) -> String {
     baselines.sort_unstable();
     baselines.dedup();
     let _ = writeln!(out, "baselines: {}", baselines.join("; "));
+    let _ = writeln!(
+        out,
+        "throughput rows: median of interleaved repeats (engine, baseline, ...); range: lowest-highest per-repeat ratio"
+    );
     if let Some(m) = res.memcpy_bytes_per_sec {
         let _ = writeln!(
             out,

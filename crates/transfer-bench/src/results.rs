@@ -50,6 +50,25 @@ pub struct Row {
     pub target: Option<String>,
     /// Whether the data moved was verified.
     pub verified: bool,
+    /// False for rows that move no data (barrier, immediate ping-pong):
+    /// there is nothing to verify.
+    #[serde(default = "moves_data_default")]
+    pub moves_data: bool,
+    /// Lowest and highest per-repeat ratio when the row is the median of
+    /// interleaved repeats (engine, baseline, engine, ...).
+    #[serde(default)]
+    pub ratio_spread: Option<(f64, f64)>,
+    /// Interleaved repeats behind the figures (1 = a single run).
+    #[serde(default = "one")]
+    pub repeats: u32,
+}
+
+fn moves_data_default() -> bool {
+    true
+}
+
+fn one() -> u32 {
+    1
 }
 
 impl Row {
@@ -66,7 +85,50 @@ impl Row {
             ratio: None,
             target: None,
             verified: false,
+            moves_data: true,
+            ratio_spread: None,
+            repeats: 1,
         }
+    }
+
+    /// A row from interleaved repeats: engine and baseline are the medians,
+    /// the ratio is the median of the per-repeat ratios and its spread the
+    /// lowest and highest of them (what tells a regression from noise).
+    pub fn from_repeats(
+        sweep: &str,
+        label: String,
+        size: u64,
+        metric: Metric,
+        engine: &[f64],
+        baseline_name: &str,
+        baseline: &[f64],
+    ) -> Self {
+        let fig = |v| Figure {
+            value: v,
+            latency: None,
+        };
+        let mut row = Row::new(sweep, label, size, metric, fig(median(engine)))
+            .with_baseline(baseline_name, fig(median(baseline)));
+        let ratios: Vec<f64> = engine
+            .iter()
+            .zip(baseline)
+            .filter(|(_, b)| **b > 0.0)
+            .map(|(e, b)| e / b)
+            .collect();
+        if !ratios.is_empty() {
+            row.ratio = Some(median(&ratios));
+            let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            row.ratio_spread = Some((lo, hi));
+        }
+        row.repeats = u32::try_from(engine.len()).unwrap_or(u32::MAX);
+        row
+    }
+
+    /// Marks a row that moves no data (nothing to verify).
+    pub fn no_data(mut self) -> Self {
+        self.moves_data = false;
+        self
     }
 
     /// Attaches a baseline.
@@ -101,6 +163,21 @@ impl Row {
             "<=" => Some(ratio <= n),
             _ => None,
         }
+    }
+}
+
+/// Median of `v` (mean of the middle two for an even count; NaN if empty).
+pub fn median(v: &[f64]) -> f64 {
+    let mut s: Vec<f64> = v.iter().copied().filter(|x| !x.is_nan()).collect();
+    if s.is_empty() {
+        return f64::NAN;
+    }
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
     }
 }
 
@@ -196,6 +273,26 @@ mod tests {
             },
         );
         assert_eq!(no_target.meets_target(), None);
+    }
+
+    #[test]
+    fn repeats_report_medians_and_spread() {
+        let r = Row::from_repeats(
+            "s",
+            "p".into(),
+            1,
+            Metric::Bandwidth,
+            &[10.0, 30.0, 20.0],
+            "b",
+            &[10.0, 10.0, 40.0],
+        );
+        assert_eq!(r.engine.value, 20.0);
+        assert_eq!(r.baseline.as_ref().map(|b| b.value), Some(10.0));
+        assert_eq!(r.ratio, Some(1.0), "median of 1.0, 3.0, 0.5");
+        assert_eq!(r.ratio_spread, Some((0.5, 3.0)));
+        assert_eq!(r.repeats, 3);
+        assert!(median(&[]).is_nan());
+        assert_eq!(median(&[1.0, 3.0]), 2.0);
     }
 
     #[test]

@@ -22,6 +22,7 @@ pub fn drive(
     out: &Path,
     layout: &str,
 ) -> Result<Results> {
+    let load_before = cpu::load_average();
     let mut d = Driver::connect(peers, opts, plan)?;
     let steps = plan.bw_sizes.len()
         + plan.lat_sizes.len()
@@ -61,6 +62,13 @@ pub fn drive(
         notes.push(format!(
             "{skipped} paged point(s) need more than the {} MiB region of this mode (use --full)",
             plan.region_len >> 20
+        ));
+    }
+    // A reader tells a regression from a busy machine by the load.
+    if let (Some(before), Some(after)) = (load_before, cpu::load_average()) {
+        notes.push(format!(
+            "load average (1 min) {before:.2} at the start, {after:.2} after the sweeps, on {} cores",
+            std::thread::available_parallelism().map_or(0, |n| n.get())
         ));
     }
     d.bye();
