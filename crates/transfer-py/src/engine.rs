@@ -2,7 +2,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 use std::time::Duration;
 
 use pyo3::buffer::PyUntypedBuffer;
@@ -19,7 +19,7 @@ use crate::error::{IntoPy, invalid, py_err};
 use crate::pages;
 use crate::region::{Memory, Peer, Region, RemoteRegion};
 use crate::signal::{LoopWaker, Signal, lock};
-use crate::transfer::{Transfer, deadline, timeout_error};
+use crate::transfer::{Op, Transfer, deadline, timeout_error};
 
 /// The state every object of one engine shares.
 pub(crate) struct Shared {
@@ -31,6 +31,27 @@ pub(crate) struct Shared {
     /// once the engine (and every registration) is gone.
     pinned: Mutex<Vec<Memory>>,
     recv: Arc<RecvQueue>,
+    /// Immediate expectations, failed by `close`: the engine's own
+    /// expectation futures outlive it (they share its counters).
+    expectations: Mutex<Expectations>,
+}
+
+#[derive(Default)]
+struct Expectations {
+    ops: Vec<Weak<Op>>,
+    /// Length after the last sweep of finished entries.
+    swept: usize,
+}
+
+impl Expectations {
+    fn add(&mut self, op: &Arc<Op>) {
+        if self.ops.len() >= 2 * self.swept.max(64) {
+            self.ops
+                .retain(|w| w.upgrade().is_some_and(|op| op.poll().is_none()));
+            self.swept = self.ops.len();
+        }
+        self.ops.push(Arc::downgrade(op));
+    }
 }
 
 impl Shared {
@@ -70,6 +91,10 @@ impl Shared {
             drop(guard.take());
         });
         self.recv.close();
+        let expectations = std::mem::take(&mut lock(&self.expectations).ops);
+        for op in expectations.iter().filter_map(Weak::upgrade) {
+            op.abandon(TransferError::Shutdown { call: "expect_imm" });
+        }
         let pinned = std::mem::take(&mut *lock(&self.pinned));
         drop(pinned);
     }
@@ -317,6 +342,7 @@ impl Engine {
                 engine: RwLock::new(Some(engine)),
                 pinned: Mutex::new(Vec::new()),
                 recv: RecvQueue::new(),
+                expectations: Mutex::new(Expectations::default()),
             }),
             address,
             provider,
@@ -628,11 +654,16 @@ impl Engine {
     /// Dropping or cancelling it before then withdraws it.
     #[pyo3(signature = (imm, count=1))]
     fn expect_imm(&self, imm: u32, count: u64) -> PyResult<Transfer> {
-        let fut = self
+        // Under the engine's read lock, so that `close` cannot miss it.
+        let op = self
             .shared
-            .with("expect_imm", |e| Ok(e.imm_future(imm, count)))
+            .with("expect_imm", |e| {
+                let op = Op::new(Box::pin(e.imm_future(imm, count)));
+                lock(&self.shared.expectations).add(&op);
+                Ok(op)
+            })
             .py()?;
-        Ok(Transfer::expectation(Box::pin(fut)))
+        Ok(Transfer::expectation(op))
     }
 
     /// Blocks (GIL released) until `count` immediates `imm` arrived, then

@@ -128,6 +128,12 @@ impl Op {
     /// immediate expectation: withdraws it) and resolves as cancelled.
     /// Returns whether it did.
     pub(crate) fn cancel(&self) -> bool {
+        self.abandon(TransferError::invalid(CANCEL_CALL, CANCELLED))
+    }
+
+    /// Drops the engine future if the operation has not finished and
+    /// resolves with `err`; returns whether it did.
+    pub(crate) fn abandon(&self, err: TransferError) -> bool {
         if self.poll().is_some() {
             return false;
         }
@@ -137,9 +143,7 @@ impl Op {
         }
         // Dropping an `ImmFuture` withdraws its expectation.
         *slot = None;
-        let _ = self
-            .result
-            .set(Err(TransferError::invalid(CANCEL_CALL, CANCELLED)));
+        let _ = self.result.set(Err(err));
         drop(slot);
         self.signal.notify();
         true
@@ -195,9 +199,9 @@ impl Transfer {
     }
 
     /// An immediate expectation (cancellable).
-    pub(crate) fn expectation(fut: EngineFuture) -> Self {
+    pub(crate) fn expectation(op: Arc<Op>) -> Self {
         Self {
-            op: Op::new(fut),
+            op,
             what: "expect_imm",
             cancellable: true,
             _keep: None,
