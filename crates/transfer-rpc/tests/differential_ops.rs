@@ -56,6 +56,8 @@ enum Fill {
     Index(i64),
     /// Zeros (destinations written by the graph).
     Zero,
+    /// I32 rows of distinct indices in `0..n` (router choices).
+    Rows(i64),
 }
 
 /// One case under construction: a ggml context with real memory (the
@@ -130,6 +132,22 @@ fn fill(t: T, how: Fill, rng: &mut Rng) {
                         sys::GGML_TYPE_I32 => *data.cast::<i32>().add(i) = v as i32,
                         _ => *data.cast::<i64>().add(i) = v,
                     }
+                }
+            }
+        }
+        Fill::Rows(n_rows) => {
+            // Each row of ne0 indices is a partial shuffle of 0..n_rows
+            // (distinct experts per token, as a router's top-k gives).
+            let n_rows = n_rows.max(1) as usize;
+            let per_row = ne0.max(1) as usize;
+            for r in 0..n / per_row {
+                let mut pick: Vec<i32> = (0..n_rows as i32).collect();
+                for i in 0..per_row {
+                    let k = i % n_rows;
+                    let j = k + (rng.next() % (n_rows - k) as u64) as usize;
+                    pick.swap(k, j);
+                    // SAFETY: r * per_row + i < n elements of I32.
+                    unsafe { *data.cast::<i32>().add(r * per_row + i) = pick[k] };
                 }
             }
         }
@@ -227,7 +245,8 @@ fn nmse(got: &[f32], want: &[f32]) -> f64 {
     let (mut err, mut norm) = (0f64, 0f64);
     for (g, w) in got.iter().zip(want) {
         let (g, w) = (f64::from(*g), f64::from(*w));
-        if g.is_nan() && w.is_nan() {
+        // Equal values (infinities of masks included) and NaN in both.
+        if g == w || (g.is_nan() && w.is_nan()) {
             continue;
         }
         err += (g - w) * (g - w);
@@ -247,6 +266,7 @@ fn run(
     mut case: Case,
     out: T,
     tol: f64,
+    repeat: usize,
     rng: &mut Rng,
 ) -> Outcome {
     // SAFETY: live context; the graph holds up to 64 nodes here.
@@ -321,7 +341,9 @@ fn run(
     assert_eq!(status, sys::GGML_STATUS_SUCCESS);
     let payload = GraphPayload {
         device: 0,
-        nodes: nodes.iter().map(|&n| n as u64).collect(),
+        nodes: (0..repeat)
+            .flat_map(|_| nodes.iter().map(|&n| n as u64))
+            .collect(),
         tensors: rpc.clone(),
     };
     if let Err(e) = c.graph_compute(&payload) {
@@ -349,11 +371,15 @@ fn run(
     Outcome::Equal
 }
 
-/// A case: its description, a builder, its tolerance.
+/// A case: its description, a builder, its tolerance, and how many times
+/// the graph sent to the server lists its nodes (test-backend-ops' perf
+/// mode repeats them; the reference runs them once: the cases repeated
+/// compute the same values every time).
 struct Spec {
     desc: String,
     tol: f64,
     build: Box<dyn Fn(&mut Case) -> T>,
+    repeat: usize,
 }
 
 fn spec(desc: String, tol: f64, build: impl Fn(&mut Case) -> T + 'static) -> Spec {
@@ -361,7 +387,15 @@ fn spec(desc: String, tol: f64, build: impl Fn(&mut Case) -> T + 'static) -> Spe
         desc,
         tol,
         build: Box::new(build),
+        repeat: 1,
     }
+}
+
+/// `s` with its node list sent `n` times over.
+fn repeated(mut s: Spec, n: usize) -> Spec {
+    s.desc = format!("{} (nodes listed {n} times)", s.desc);
+    s.repeat = n;
+    s
 }
 
 const F32: sys::ggml_type = sys::GGML_TYPE_F32;
@@ -804,6 +838,7 @@ fn cases() -> Vec<Spec> {
         }
     }
     more_existing_op_cases(&mut v);
+    new_op_cases(&mut v);
     v
 }
 
@@ -1095,6 +1130,413 @@ fn more_existing_op_cases(v: &mut Vec<Spec>) {
     }
 }
 
+/// Cases of the ops added to the allowlist in issue 11, mirroring
+/// test-backend-ops: MoE (MUL_MAT_ID, ADD_ID, with router ids in memory
+/// or computed in the graph by ARGSORT / TOP_K), reductions, sorts, shape
+/// ops, element-wise ops, ACC / SET, DIAG_MASK_INF; and graphs that list
+/// their nodes twice.
+fn new_op_cases(v: &mut Vec<Spec>) {
+    const BF16: sys::ggml_type = sys::GGML_TYPE_BF16;
+    const I32: sys::ggml_type = sys::GGML_TYPE_I32;
+    // MUL_MAT_ID (test_mul_mat_id): experts of each type, n_used of
+    // n_mats per token, src1 one row per slot or broadcast (b), 1 to 17
+    // tokens; 32 tokens for 2 of 4 K-quant experts reach the tiled path.
+    let expert_types = [
+        (F32, 1e-4),
+        (F16, 5e-4),
+        (BF16, 5e-4),
+        (sys::GGML_TYPE_Q4_0, 5e-4),
+        (sys::GGML_TYPE_Q8_0, 5e-4),
+        (sys::GGML_TYPE_Q4_K, 5e-4),
+        (sys::GGML_TYPE_IQ4_NL, 5e-4),
+    ];
+    for (ta, tol) in expert_types {
+        for (n_mats, n_used) in [(4i64, 2i64), (8, 4), (4, 1)] {
+            for bcast in [false, true] {
+                for n in [1i64, 5, 17] {
+                    v.push(spec(
+                        format!("mul_mat_id {ta} {n_used}/{n_mats} b {bcast} n {n}"),
+                        tol,
+                        move |c| {
+                            let (m, k) = (32, 256);
+                            let a = c.input(ta, [k, m, n_mats, 1]);
+                            let ids = c.tensor(I32, [n_used, n, 1, 1], Fill::Rows(n_mats));
+                            let b = c.input(F32, [k, if bcast { 1 } else { n_used }, n, 1]);
+                            // SAFETY: live context and tensors.
+                            unsafe { sys::ggml_mul_mat_id(c.ctx, a, b, ids) }
+                        },
+                    ));
+                }
+            }
+        }
+        v.push(spec(format!("mul_mat_id {ta} 2/4 n 32"), tol, move |c| {
+            let a = c.input(ta, [256, 64, 4, 1]);
+            let ids = c.tensor(I32, [2, 32, 1, 1], Fill::Rows(4));
+            let b = c.input(F32, [256, 2, 32, 1]);
+            // SAFETY: as above.
+            unsafe { sys::ggml_mul_mat_id(c.ctx, a, b, ids) }
+        }));
+    }
+    // The MoE block as llama.cpp builds it: router logits -> argsort
+    // (descending) -> top-k view -> MUL_MAT_ID experts and ADD_ID biases;
+    // the ids are computed in the graph, so the server checks them after
+    // the argsort ran. TOP_K as the router too.
+    for (top_k_op, repeat) in [(false, 1), (true, 1), (false, 2)] {
+        let s = spec(format!("moe block top_k op {top_k_op}"), 5e-4, move |c| {
+            let (n_embd, n_ff, n_mats, n_used, n_tok) = (64i64, 32i64, 8i64, 2i64, 6i64);
+            let x = c.input(F32, [n_embd, n_tok, 1, 1]);
+            let router = c.input(F32, [n_embd, n_mats, 1, 1]);
+            let experts = c.input(F16, [n_embd, n_ff, n_mats, 1]);
+            let bias = c.input(F32, [n_ff, n_mats, 1, 1]);
+            // SAFETY: live context and tensors; views stay inside.
+            unsafe {
+                let logits = sys::ggml_mul_mat(c.ctx, router, x);
+                let ids = if top_k_op {
+                    sys::ggml_top_k(c.ctx, logits, n_used as i32)
+                } else {
+                    sys::ggml_argsort_top_k(c.ctx, logits, n_used as i32)
+                };
+                let x3 = sys::ggml_reshape_3d(c.ctx, x, n_embd, 1, n_tok);
+                let y = sys::ggml_mul_mat_id(c.ctx, experts, x3, ids);
+                let y = sys::ggml_add_id(c.ctx, y, bias, ids);
+                sys::ggml_cont(c.ctx, y)
+            }
+        });
+        v.push(if repeat > 1 { repeated(s, repeat) } else { s });
+    }
+    // ADD_ID (test_add_id).
+    for n_embd in [32i64, 129] {
+        for (n_mats, n_used) in [(4i64, 1i64), (4, 2), (8, 4)] {
+            for n_tok in [1i64, 32] {
+                v.push(spec(
+                    format!("add_id {n_embd} {n_used}/{n_mats} tokens {n_tok}"),
+                    1e-7,
+                    move |c| {
+                        let a = c.input(F32, [n_embd, n_used, n_tok, 1]);
+                        let b = c.input(F32, [n_embd, n_mats, 1, 1]);
+                        let ids = c.tensor(I32, [n_used, n_tok, 1, 1], Fill::Rows(n_mats));
+                        // SAFETY: live context and tensors.
+                        unsafe { sys::ggml_add_id(c.ctx, a, b, ids) }
+                    },
+                ));
+            }
+        }
+    }
+    // CONCAT (test_concat): every dim, element-wise types (also with a
+    // permuted first operand) and block types by rows.
+    let concat_types = [
+        F32,
+        F16,
+        BF16,
+        sys::GGML_TYPE_I8,
+        sys::GGML_TYPE_I16,
+        I32,
+        sys::GGML_TYPE_I64,
+        sys::GGML_TYPE_Q4_0,
+        sys::GGML_TYPE_Q8_0,
+    ];
+    for ty in concat_types {
+        let int = matches!(
+            ty,
+            sys::GGML_TYPE_I8 | sys::GGML_TYPE_I16 | I32 | sys::GGML_TYPE_I64
+        );
+        let quant = matches!(ty, sys::GGML_TYPE_Q4_0 | sys::GGML_TYPE_Q8_0);
+        for dim in 0..4usize {
+            for permuted in [false, true] {
+                if permuted && (quant || dim == 0) {
+                    continue;
+                }
+                v.push(spec(
+                    format!("concat {ty} dim {dim} permuted a {permuted}"),
+                    1e-7,
+                    move |c| {
+                        let how = if int {
+                            Fill::Index(100)
+                        } else {
+                            Fill::Uniform(-1.0, 1.0)
+                        };
+                        let ne: [i64; 4] = if quant { [64, 5, 3, 2] } else { [11, 12, 5, 3] };
+                        let mut ne_b = ne;
+                        ne_b[dim] = if quant && dim == 0 { 128 } else { 7 };
+                        let a = if permuted {
+                            permuted_leaf(c, ty, ne, how)
+                        } else {
+                            c.tensor(ty, ne, how)
+                        };
+                        let b = c.tensor(ty, ne_b, how);
+                        // SAFETY: live context and tensors.
+                        unsafe { sys::ggml_concat(c.ctx, a, b, dim as i32) }
+                    },
+                ));
+            }
+        }
+    }
+    // REPEAT (test_repeat).
+    for (ty, nr) in [
+        (F32, [1i64, 1, 1, 1]),
+        (F32, [2, 1, 1, 1]),
+        (F32, [1, 2, 1, 1]),
+        (F32, [1, 1, 2, 1]),
+        (F32, [1, 1, 1, 2]),
+        (I32, [2, 1, 1, 1]),
+        (sys::GGML_TYPE_I16, [1, 1, 1, 2]),
+        (BF16, [2, 1, 1, 1]),
+        (F16, [2, 2, 2, 2]),
+    ] {
+        v.push(spec(format!("repeat {ty} nr {nr:?}"), 1e-7, move |c| {
+            let ne = [10i64, 5, 4, 3];
+            let how = if matches!(ty, I32 | sys::GGML_TYPE_I16) {
+                Fill::Index(1000)
+            } else {
+                Fill::Uniform(-1.0, 1.0)
+            };
+            let a = c.tensor(ty, ne, how);
+            // SAFETY: live context and tensor.
+            unsafe {
+                sys::ggml_repeat_4d(
+                    c.ctx,
+                    a,
+                    ne[0] * nr[0],
+                    ne[1] * nr[1],
+                    ne[2] * nr[2],
+                    ne[3] * nr[3],
+                )
+            }
+        }));
+    }
+    // ARGSORT (test_argsort) both orders, TOP_K (test_top_k).
+    for order in [sys::GGML_SORT_ORDER_ASC, sys::GGML_SORT_ORDER_DESC] {
+        for ne in [
+            [16i64, 10, 10, 10],
+            [60, 10, 10, 10],
+            [1023, 2, 1, 3],
+            [1025, 2, 1, 3],
+            [7, 1, 1, 1],
+        ] {
+            v.push(spec(format!("argsort {order} {ne:?}"), 0.0, move |c| {
+                let a = c.input(F32, ne);
+                // SAFETY: live context and tensor.
+                unsafe { sys::ggml_argsort(c.ctx, a, order) }
+            }));
+        }
+    }
+    for (ne, k) in [
+        ([1i64, 2, 1, 3], 1),
+        ([4, 2, 1, 3], 4),
+        ([16, 10, 10, 10], 3),
+        ([60, 10, 10, 10], 7),
+        ([1025, 2, 1, 3], 15),
+        ([2059, 1, 2, 1], 100),
+    ] {
+        v.push(spec(format!("top_k {ne:?} k {k}"), 0.0, move |c| {
+            let a = c.input(F32, ne);
+            // SAFETY: live context and tensor.
+            unsafe { sys::ggml_top_k(c.ctx, a, k) }
+        }));
+    }
+    // Reductions (test_sum, test_sum_rows, test_mean, test_argmax).
+    for permuted in [false, true] {
+        v.push(spec(format!("sum permuted {permuted}"), 1e-6, move |c| {
+            let ne = [11, 5, 6, 3];
+            let a = if permuted {
+                permuted_input(c, F32, ne)
+            } else {
+                c.input(F32, ne)
+            };
+            // SAFETY: live context and tensor.
+            unsafe { sys::ggml_sum(c.ctx, a) }
+        }));
+    }
+    for ty in [F16, BF16] {
+        v.push(spec(format!("sum {ty}"), 1e-4, move |c| {
+            let a = c.input(ty, [33, 4, 2, 1]);
+            // SAFETY: live context and tensor.
+            unsafe { sys::ggml_sum(c.ctx, a) }
+        }));
+    }
+    for ne in [[10i64, 5, 4, 3], [33, 256, 1, 1], [32769, 1, 1, 1]] {
+        for mean in [false, true] {
+            v.push(spec(
+                format!("sum_rows mean {mean} {ne:?}"),
+                1e-6,
+                move |c| {
+                    let a = c.input(F32, ne);
+                    // SAFETY: live context and tensor.
+                    unsafe {
+                        if mean {
+                            sys::ggml_mean(c.ctx, a)
+                        } else {
+                            sys::ggml_sum_rows(c.ctx, a)
+                        }
+                    }
+                },
+            ));
+        }
+    }
+    v.push(spec("sum_rows strided".into(), 1e-6, |c| {
+        let a = strided_input(c, F32, [16, 5, 6, 3]);
+        // SAFETY: live context and tensor.
+        unsafe { sys::ggml_sum_rows(c.ctx, a) }
+    }));
+    for ne in [[32i64, 1], [100, 10], [1024, 12], [5438, 3]] {
+        v.push(spec(format!("argmax {ne:?}"), 0.0, move |c| {
+            let a = c.input(F32, [ne[0], ne[1], 1, 1]);
+            // SAFETY: live context and tensor.
+            unsafe { sys::ggml_argmax(c.ctx, a) }
+        }));
+    }
+    // Element-wise (test_clamp, test_sqr, test_sqrt, test_l2_norm).
+    for ty in [F32, F16] {
+        for ne in [[10i64, 5, 4, 3], [7, 1, 5, 3]] {
+            v.push(spec(format!("clamp {ty} {ne:?}"), 1e-7, move |c| {
+                let a = c.input(ty, ne);
+                // SAFETY: live context and tensor.
+                unsafe { sys::ggml_clamp(c.ctx, a, -0.5, 0.5) }
+            }));
+            v.push(spec(format!("sqr {ty} {ne:?}"), 1e-7, move |c| {
+                let a = c.input(ty, ne);
+                // SAFETY: live context and tensor.
+                unsafe { sys::ggml_sqr(c.ctx, a) }
+            }));
+            v.push(spec(format!("sqrt {ty} {ne:?}"), 1e-7, move |c| {
+                let a = c.tensor(ty, ne, Fill::Uniform(0.1, 2.0));
+                // SAFETY: live context and tensor.
+                unsafe { sys::ggml_sqrt(c.ctx, a) }
+            }));
+        }
+        v.push(spec(format!("sqr {ty} strided"), 1e-7, move |c| {
+            let a = strided_input(c, ty, [16, 5, 4, 3]);
+            // SAFETY: live context and tensor.
+            unsafe { sys::ggml_sqr(c.ctx, a) }
+        }));
+    }
+    for eps in [0.0f32, 1e-6, 1e-1] {
+        for strided in [false, true] {
+            v.push(spec(
+                format!("l2_norm eps {eps} strided {strided}"),
+                1e-6,
+                move |c| {
+                    let ne = [64, 5, 4, 3];
+                    let a = if strided {
+                        strided_input(c, F32, ne)
+                    } else {
+                        c.input(F32, ne)
+                    };
+                    // SAFETY: live context and tensor.
+                    unsafe { sys::ggml_l2_norm(c.ctx, a, eps) }
+                },
+            ));
+        }
+    }
+    // PAD (test_pad, test_pad_ext, circular).
+    for (ne, lp, rp, circular) in [
+        ([512i64, 16, 1, 1], [0i32, 0, 0, 0], [1i32, 1, 0, 0], false),
+        ([33, 17, 2, 1], [0, 0, 0, 0], [4, 3, 0, 0], true),
+        ([33, 17, 2, 3], [1, 2, 1, 0], [3, 4, 0, 1], false),
+        ([33, 17, 2, 3], [3, 2, 1, 0], [3, 4, 2, 1], true),
+        ([1024, 2, 1, 1], [0, 0, 0, 0], [1, 0, 0, 0], false),
+    ] {
+        v.push(spec(
+            format!("pad {ne:?} lp {lp:?} rp {rp:?} circular {circular}"),
+            1e-7,
+            move |c| {
+                let a = c.input(F32, ne);
+                // SAFETY: live context and tensor.
+                unsafe {
+                    if circular {
+                        sys::ggml_pad_ext_circular(
+                            c.ctx, a, lp[0], rp[0], lp[1], rp[1], lp[2], rp[2], lp[3], rp[3],
+                        )
+                    } else {
+                        sys::ggml_pad_ext(
+                            c.ctx, a, lp[0], rp[0], lp[1], rp[1], lp[2], rp[2], lp[3], rp[3],
+                        )
+                    }
+                }
+            },
+        ));
+    }
+    // ACC (test_acc): b added into a at row 1 (and at a column offset).
+    for (ne_a, ne_b, col) in [
+        ([256i64, 17, 1, 1], [256i64, 16, 1, 1], 0usize),
+        ([256, 17, 2, 3], [256, 16, 2, 3], 0),
+        ([256, 17, 2, 3], [128, 16, 2, 3], 64),
+        ([256, 17, 2, 3], [64, 16, 2, 3], 192),
+    ] {
+        v.push(spec(
+            format!("acc {ne_a:?} + {ne_b:?} at column {col}"),
+            1e-7,
+            move |c| {
+                let a = c.input(F32, ne_a);
+                let b = c.input(F32, ne_b);
+                // SAFETY: live tensors; the view stays inside a.
+                unsafe {
+                    let nb = (*a).nb;
+                    sys::ggml_acc(c.ctx, a, b, nb[1], nb[2], nb[3], nb[1] + 4 * col)
+                }
+            },
+        ));
+    }
+    // SET (test_set): a slice of a, along dims 1..3, F32 and I32.
+    for ty in [F32, I32] {
+        for dim in 1..4usize {
+            v.push(spec(format!("set {ty} dim {dim}"), 1e-7, move |c| {
+                let ne = [6i64, 5, 4, 3];
+                let mut ne_b = ne;
+                ne_b[dim] = 2;
+                let how = if ty == I32 {
+                    Fill::Index(1000)
+                } else {
+                    Fill::Uniform(-1.0, 1.0)
+                };
+                let a = c.tensor(ty, ne, how);
+                let b = c.tensor(ty, ne_b, how);
+                // SAFETY: live tensors; the view (from index 1 of dim)
+                // stays inside a.
+                unsafe {
+                    let nb = (*a).nb;
+                    sys::ggml_set(c.ctx, a, b, nb[1], nb[2], nb[3], nb[dim])
+                }
+            }));
+        }
+    }
+    // DIAG_MASK_INF (test_diag_mask_inf).
+    for ne in [[10i64, 10, 1, 1], [10, 10, 3, 1], [10, 10, 3, 2]] {
+        v.push(spec(format!("diag_mask_inf {ne:?}"), 1e-7, move |c| {
+            let a = c.input(F32, ne);
+            // SAFETY: live context and tensor.
+            unsafe { sys::ggml_diag_mask_inf(c.ctx, a, 5) }
+        }));
+    }
+    // Graphs listing their nodes twice: a matmul chain, and GET_ROWS of
+    // indices computed by ARGMAX (checked before each of its runs).
+    v.push(repeated(
+        spec("mul_mat chain".into(), 1e-4, |c| {
+            let a = c.input(F32, [64, 32, 1, 1]);
+            let b = c.input(F32, [64, 8, 1, 1]);
+            let w = c.input(F32, [32, 16, 1, 1]);
+            // SAFETY: live context and tensors.
+            unsafe {
+                let h = sys::ggml_mul_mat(c.ctx, a, b);
+                sys::ggml_mul_mat(c.ctx, w, h)
+            }
+        }),
+        3,
+    ));
+    v.push(repeated(
+        spec("get_rows of argmax".into(), 1e-7, |c| {
+            let table = c.input(F32, [16, 10, 1, 1]);
+            let scores = c.input(F32, [10, 4, 1, 1]);
+            // SAFETY: live context and tensors.
+            unsafe {
+                let idx = sys::ggml_argmax(c.ctx, scores);
+                sys::ggml_get_rows(c.ctx, table, idx)
+            }
+        }),
+        2,
+    ));
+}
+
 fn op_name(t: T) -> String {
     // SAFETY: static strings from ggml.
     unsafe {
@@ -1109,11 +1551,12 @@ fn every_case_equals_ggml_cpu_or_is_refused() {
     let mut rng = Rng(0x5eed_1234_abcd_0001);
     let mut table: BTreeMap<String, (usize, usize, Vec<String>)> = BTreeMap::new();
     for s in cases() {
+        println!("case: {}", s.desc);
         let mut case = Case::new();
         let out = (s.build)(&mut case);
         assert!(!out.is_null(), "{}", s.desc);
         let op = op_name(out);
-        let outcome = run(&server, case, out, s.tol, &mut rng);
+        let outcome = run(&server, case, out, s.tol, s.repeat, &mut rng);
         let row = table.entry(op).or_default();
         match outcome {
             Outcome::Equal => row.0 += 1,

@@ -146,12 +146,12 @@ fn ops_outside_the_allowlist_and_bad_shapes_are_refused() {
     })
     .unwrap();
     assert!(is_closed(&mut c));
-    // SUM (op 14) is not on the allowlist.
+    // CUMSUM (op 16) is not on the allowlist.
     let mut c = connect(&h);
     let (b, base) = alloc(&mut c, 1 << 16);
     let a = mat(1, b, base, 0, 4, 3);
     let mut s = mat(2, b, base, 256, 1, 1);
-    s.op = 14;
+    s.op = 16;
     s.src[0] = 1;
     s.flags = COMPUTE;
     c.graph_compute(&GraphPayload {

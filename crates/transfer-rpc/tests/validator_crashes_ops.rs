@@ -498,3 +498,391 @@ fn set_rows_destinations_need_a_from_float() {
         computes(&mut c, &format!("set_rows into {ty}"), &g);
     }
 }
+
+const OP_ADD_ID: u32 = 3;
+const OP_ACC: u32 = 5;
+const OP_SQR: u32 = 9;
+const OP_SUM_ROWS: u32 = 15;
+const OP_ARGMAX: u32 = 18;
+const OP_REPEAT: u32 = 20;
+const OP_CONCAT: u32 = 22;
+const OP_L2_NORM: u32 = 28;
+const OP_MUL_MAT_ID: u32 = 30;
+const OP_SET: u32 = 33;
+const OP_DIAG_MASK_INF: u32 = 44;
+const OP_CLAMP: u32 = 50;
+const OP_PAD: u32 = 64;
+const OP_ARGSORT: u32 = 69;
+const OP_TOP_K: u32 = 70;
+
+fn i32_bytes(vals: &[i32]) -> Vec<u8> {
+    vals.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// MUL_MAT_ID of 4 F32 experts [16, 8] (ending at the buffer's end: an
+/// expert id of 4 or more reads past it) by [16, 2, 3] activations with
+/// I32 ids [2, 3] at 4096 (written: `ids`), into [8, 2, 3] at 8192.
+fn moe(c: &mut Client, ids: &[i32], b: u64, base: u64) -> GraphPayload {
+    let experts = at_end(1, F32, [16, 8, 4, 1], b, base);
+    let x = packed(2, F32, [16, 2, 3, 1], b, base, 0);
+    let idx = packed(3, I32, [2, 3, 1, 1], b, base, 4096);
+    c.set_tensor(&idx, 0, &i32_bytes(ids)).unwrap();
+    let r = node(
+        packed(4, F32, [8, 2, 3, 1], b, base, 8192),
+        OP_MUL_MAT_ID,
+        &[1, 2, 3],
+    );
+    one_node(vec![experts, x, idx, r])
+}
+
+/// Sends `g` on a fresh session (set up by `prepare`): refused, server alive.
+fn refused_with(
+    h: &ServerHandle,
+    what: &str,
+    prepare: impl FnOnce(&mut Client, u64, u64) -> GraphPayload,
+) {
+    let before = h.shared().refused_connections();
+    let (mut c, b, base) = session(h);
+    let g = prepare(&mut c, b, base);
+    c.graph_compute(&g).unwrap();
+    assert!(is_closed(&mut c), "{what}: was not refused");
+    wait_refused(h, before + 1);
+    server_still_computes(h);
+}
+
+#[test]
+fn expert_ids_are_checked_on_every_run() {
+    let h = start_ggml();
+    for bad in [4, -1, i32::MAX] {
+        refused_with(&h, &format!("expert id {bad}"), |c, b, base| {
+            moe(c, &[0, 1, 2, bad, 3, 0], b, base)
+        });
+    }
+    // ADD_ID of a bias row past the 5 of src1 (at the buffer's end).
+    refused_with(&h, "add_id bias row 5 of 5", |c, b, base| {
+        let a = packed(1, F32, [8, 2, 3, 1], b, base, 0);
+        let bias = at_end(2, F32, [8, 5, 1, 1], b, base);
+        let idx = packed(3, I32, [2, 3, 1, 1], b, base, 4096);
+        c.set_tensor(&idx, 0, &i32_bytes(&[0, 1, 2, 3, 4, 5]))
+            .unwrap();
+        let r = node(
+            packed(4, F32, [8, 2, 3, 1], b, base, 8192),
+            OP_ADD_ID,
+            &[1, 2, 3],
+        );
+        one_node(vec![a, bias, idx, r])
+    });
+
+    // Valid ids compute, then another session rewrites them between
+    // GRAPH_COMPUTE and GRAPH_RECOMPUTE: the recompute is refused.
+    let before = h.shared().refused_connections();
+    let (mut c, b, base) = session(&h);
+    let g = moe(&mut c, &[0, 1, 2, 3, 3, 0], b, base);
+    computes(&mut c, "mul_mat_id", &g);
+    let mut other = connect(&h);
+    other
+        .set_tensor(&g.tensors[2], 0, &i32_bytes(&[0, 1, 2, 9, 3, 0]))
+        .unwrap();
+    assert_eq!(
+        other.get_tensor(&g.tensors[2], 0, 24).unwrap(),
+        i32_bytes(&[0, 1, 2, 9, 3, 0])
+    );
+    c.graph_recompute(0).unwrap();
+    assert!(is_closed(&mut c), "recompute with expert 9 was not refused");
+    wait_refused(&h, before + 1);
+    server_still_computes(&h);
+
+    // The same MUL_MAT_ID listed twice, a CPY between the two runs
+    // writing 9.0 (as I32) over the ids: checked before each run, the
+    // second is refused.
+    refused_with(&h, "ids rewritten between two runs", |c, b, base| {
+        let mut g = moe(c, &[0, 1, 2, 3, 3, 0], b, base);
+        let nines = packed(5, F32, [6, 1, 1, 1], b, base, 12288);
+        c.set_tensor(&nines, 0, &f32_bytes(&[9.0; 6])).unwrap();
+        let mut ids6 = g.tensors[2].clone();
+        ids6.id = 6;
+        ids6.ne = [6, 1, 1, 1];
+        ids6.nb = [4, 24, 24, 24];
+        let mut cpy = node(ids6.clone(), OP_CPY, &[5, 6]);
+        cpy.id = 7;
+        g.tensors.extend([nines, ids6, cpy]);
+        g.nodes = vec![4, 7, 4];
+        g
+    });
+    // Listed twice without a writer between: both runs compute.
+    let (mut c, b, base) = session(&h);
+    let mut g = moe(&mut c, &[0, 1, 2, 3, 3, 0], b, base);
+    g.nodes = vec![4, 4];
+    computes(&mut c, "mul_mat_id twice", &g);
+}
+
+/// A graph of one node `op` of `t` over the packed F32 [8, 4, 3]
+/// source at 0 (id 1).
+fn over_src(op: u32, t: RpcTensor, b: u64, base: u64, params: &[(usize, i32)]) -> GraphPayload {
+    let a = packed(1, F32, [8, 4, 3, 1], b, base, 0);
+    let mut r = node(t, op, &[1]);
+    for &(i, v) in params {
+        r.op_params[i] = v;
+    }
+    one_node(vec![a, r])
+}
+
+#[test]
+fn new_ops_refuse_what_ggml_cpu_cannot_take() {
+    let h = start_ggml();
+    // MUL_MAT_ID: F16 src1 for F32 experts, GGML_ASSERT(src1->type ==
+    // GGML_TYPE_F32) when converting to the vec_dot type.
+    refused_with(&h, "mul_mat_id F32 x F16", |c, b, base| {
+        let mut g = moe(c, &[0; 6], b, base);
+        g.tensors[1] = packed(2, F16, [16, 2, 3, 1], b, base, 0);
+        g
+    });
+    // A row map of 2^20 experts x 4 slots x 8192 tokens x 8 bytes (256
+    // GiB): ggml_graph_plan's work buffer, new[] fails: std::terminate.
+    {
+        // In an 8 MiB buffer: 4 MiB of experts, valid (zero) ids.
+        let before = h.shared().refused_connections();
+        let mut c = connect(&h);
+        let (b, base) = alloc(&mut c, 8 << 20);
+        let experts = packed(1, F32, [1, 1, 1 << 20, 1], b, base, 0);
+        let x = packed(2, F32, [1, 4, 1 << 13, 1], b, base, 4 << 20);
+        let idx = packed(3, I32, [4, 1 << 13, 1, 1], b, base, 5 << 20);
+        let r = node(
+            packed(4, F32, [1, 4, 1 << 13, 1], b, base, 6 << 20),
+            OP_MUL_MAT_ID,
+            &[1, 2, 3],
+        );
+        c.graph_compute(&one_node(vec![experts, x, idx, r]))
+            .unwrap();
+        assert!(is_closed(&mut c), "a 256 GiB row map was not refused");
+        wait_refused(&h, before + 1);
+        server_still_computes(&h);
+    }
+    // ACC / SET: negative strides / offsets become huge size_t values
+    // whose sums wrap (offset -4: dst at the buffer's start, one element
+    // before it); a view whose last element starts inside dst but ends
+    // past it (SET's `<= nbytes`), dst at the buffer's end.
+    refused(&h, "acc at offset -4", |b, base| {
+        let a = packed(1, F32, [8, 4, 1, 1], b, base, 1024);
+        let x = packed(2, F32, [2, 1, 1, 1], b, base, 2048);
+        let mut r = node(packed(3, F32, [8, 4, 1, 1], b, base, 0), OP_ACC, &[1, 2]);
+        r.op_params[..4].copy_from_slice(&[32, 128, 128, -4]);
+        one_node(vec![a, x, r])
+    });
+    refused(&h, "set ending 2 bytes past dst", |b, base| {
+        let a = packed(1, F32, [8, 4, 1, 1], b, base, 1024);
+        let x = packed(2, F32, [2, 1, 1, 1], b, base, 2048);
+        let mut r = node(at_end(3, F32, [8, 4, 1, 1], b, base), OP_SET, &[1, 2]);
+        r.op_params[..4].copy_from_slice(&[32, 128, 128, 122]);
+        one_node(vec![a, x, r])
+    });
+    // CONCAT: GGML_ASSERT(dim >= 0 && dim < 4); a second source smaller
+    // than the result leaves (at the buffer's end) is read past.
+    refused(&h, "concat dim 4", |b, base| {
+        let a = packed(1, F32, [8, 4, 1, 1], b, base, 0);
+        let x = packed(2, F32, [8, 4, 1, 1], b, base, 1024);
+        let mut r = node(
+            packed(3, F32, [16, 4, 1, 1], b, base, 2048),
+            OP_CONCAT,
+            &[1, 2],
+        );
+        r.op_params[0] = 4;
+        one_node(vec![a, x, r])
+    });
+    refused(&h, "concat reading past its second source", |b, base| {
+        let a = packed(1, F32, [8, 4, 1, 1], b, base, 0);
+        let x = at_end(2, F32, [8, 1, 1, 1], b, base);
+        let mut r = node(
+            packed(3, F32, [8, 8, 1, 1], b, base, 2048),
+            OP_CONCAT,
+            &[1, 2],
+        );
+        r.op_params[0] = 1;
+        one_node(vec![a, x, r])
+    });
+    // REPEAT of Q8_0, CLAMP of BF16, ARGMAX of F16, SQR of I32: the
+    // kernels' type switches GGML_ABORT.
+    refused(&h, "repeat of Q8_0", |b, base| {
+        let a = packed(1, Q8_0, [32, 2, 1, 1], b, base, 0);
+        let r = node(
+            packed(2, Q8_0, [32, 4, 1, 1], b, base, 1024),
+            OP_REPEAT,
+            &[1],
+        );
+        one_node(vec![a, r])
+    });
+    for (op, ty, out) in [
+        (OP_CLAMP, BF16, BF16),
+        (OP_ARGMAX, F16, I32),
+        (OP_SQR, I32, I32),
+    ] {
+        refused(&h, &format!("op {op} of type {ty}"), |b, base| {
+            let a = packed(1, ty, [8, 4, 1, 1], b, base, 0);
+            let ne = if op == OP_ARGMAX {
+                [4, 1, 1, 1]
+            } else {
+                [8, 4, 1, 1]
+            };
+            let r = node(packed(2, out, ne, b, base, 1024), op, &[1]);
+            one_node(vec![a, r])
+        });
+    }
+    // ARGSORT: GGML_ABORT("invalid sort order"); indices written at
+    // `i * nb1` for all 12 rows, into a result whose dims 2 are not
+    // packed after dim 1 (rows of 3 heads 1 MiB apart are written 32
+    // bytes apart: fine; here dims 1 and 2 swap roles: 12 rows of 32
+    // bytes written past a [8, 1, 12] result of nb1 = 64 KiB).
+    refused(&h, "argsort order 2", |b, base| {
+        over_src(
+            OP_ARGSORT,
+            packed(2, I32, [8, 4, 3, 1], b, base, 4096),
+            b,
+            base,
+            &[(0, 2)],
+        )
+    });
+    refused(&h, "argsort rows not one run of nb1", |b, base| {
+        let a = packed(1, F32, [8, 1, 12, 1], b, base, 0);
+        let r = tensor(2, I32, [8, 1, 12, 1], [4, 1 << 16, 32, 384], b, base, 4096);
+        one_node(vec![a, node(r, OP_ARGSORT, &[1])])
+    });
+    // TOP_K: k above the row length (std::partial_sort past its range).
+    refused(&h, "top_k k > ne0", |b, base| {
+        over_src(
+            OP_TOP_K,
+            packed(2, I32, [9, 4, 3, 1], b, base, 4096),
+            b,
+            base,
+            &[],
+        )
+    });
+    // PAD: a result wider than src0 plus its pads reads src0 (at the
+    // buffer's end) past its rows; circular pads larger than src0 take a
+    // negative modulus (src0 at the buffer's start); an empty circular
+    // source divides by zero.
+    refused(
+        &h,
+        "pad result wider than its source and pads",
+        |b, base| {
+            let a = at_end(1, F32, [8, 4, 3, 1], b, base);
+            let mut r = node(packed(2, F32, [17, 4, 3, 1], b, base, 0), OP_PAD, &[1]);
+            r.op_params[1] = 1;
+            one_node(vec![a, r])
+        },
+    );
+    refused(&h, "circular pad of 9 on rows of 8", |b, base| {
+        over_src(
+            OP_PAD,
+            packed(2, F32, [17, 4, 3, 1], b, base, 4096),
+            b,
+            base,
+            &[(0, 9), (8, 1)],
+        )
+    });
+    refused(&h, "circular pad of an empty source", |b, base| {
+        let a = tensor(1, F32, [0, 4, 3, 1], [4, 32, 128, 384], b, base, 0);
+        let mut r = node(packed(2, F32, [2, 4, 3, 1], b, base, 4096), OP_PAD, &[1]);
+        r.op_params[1] = 2;
+        r.op_params[8] = 1;
+        one_node(vec![a, r])
+    });
+    // DIAG_MASK_INF: GGML_ASSERT(n_past >= 0). SUM_ROWS:
+    // GGML_ASSERT(src0->nb[0] == sizeof(float)) whatever ne[0].
+    // L2_NORM: GGML_ASSERT(eps >= 0.0f), which NaN fails.
+    refused(&h, "diag_mask_inf n_past -1", |b, base| {
+        over_src(
+            OP_DIAG_MASK_INF,
+            packed(2, F32, [8, 4, 3, 1], b, base, 4096),
+            b,
+            base,
+            &[(0, -1)],
+        )
+    });
+    refused(&h, "sum_rows of nb0 = 8", |b, base| {
+        let a = tensor(1, F32, [1, 4, 3, 1], [8, 8, 32, 96], b, base, 0);
+        let r = node(
+            packed(2, F32, [1, 4, 3, 1], b, base, 4096),
+            OP_SUM_ROWS,
+            &[1],
+        );
+        one_node(vec![a, r])
+    });
+    refused(&h, "l2_norm eps NaN", |b, base| {
+        over_src(
+            OP_L2_NORM,
+            packed(2, F32, [8, 4, 3, 1], b, base, 4096),
+            b,
+            base,
+            &[(0, f32::NAN.to_bits() as i32)],
+        )
+    });
+
+    // The valid forms compute.
+    let (mut c, b, base) = session(&h);
+    let x: Vec<f32> = (0..96).map(|i| ((i * 37) % 96) as f32 - 48.0).collect();
+    c.set_tensor(&packed(1, F32, [8, 4, 3, 1], b, base, 0), 0, &f32_bytes(&x))
+        .unwrap();
+    let sorted = packed(2, I32, [8, 4, 3, 1], b, base, 4096);
+    computes(
+        &mut c,
+        "argsort",
+        &over_src(OP_ARGSORT, sorted.clone(), b, base, &[(0, 1)]),
+    );
+    let got: Vec<i32> = c
+        .get_tensor(&sorted, 0, 32)
+        .unwrap()
+        .chunks_exact(4)
+        .map(|v| i32::from_le_bytes([v[0], v[1], v[2], v[3]]))
+        .collect();
+    let mut want: Vec<i32> = (0..8).collect();
+    want.sort_by(|&p, &q| x[q as usize].total_cmp(&x[p as usize]));
+    assert_eq!(got, want, "argsort descending");
+    for (op, t, params) in [
+        (
+            OP_TOP_K,
+            packed(2, I32, [3, 4, 3, 1], b, base, 4096),
+            vec![],
+        ),
+        (
+            OP_PAD,
+            packed(2, F32, [17, 4, 3, 1], b, base, 4096),
+            vec![(0, 8), (1, 1), (8, 1)],
+        ),
+        (
+            OP_PAD,
+            packed(2, F32, [9, 5, 3, 1], b, base, 4096),
+            vec![(0, 1), (3, 1)],
+        ),
+        (
+            OP_DIAG_MASK_INF,
+            packed(2, F32, [8, 4, 3, 1], b, base, 4096),
+            vec![(0, 2)],
+        ),
+        (
+            OP_L2_NORM,
+            packed(2, F32, [8, 4, 3, 1], b, base, 4096),
+            vec![(0, 0)],
+        ),
+        (
+            OP_CLAMP,
+            packed(2, F32, [8, 4, 3, 1], b, base, 4096),
+            vec![],
+        ),
+        (
+            OP_SUM_ROWS,
+            packed(2, F32, [1, 4, 3, 1], b, base, 4096),
+            vec![],
+        ),
+    ] {
+        computes(
+            &mut c,
+            &format!("op {op}"),
+            &over_src(op, t, b, base, &params),
+        );
+    }
+    let a = packed(1, F32, [8, 4, 1, 1], b, base, 0);
+    let xs = packed(2, F32, [2, 1, 1, 1], b, base, 2048);
+    let mut r = node(at_end(3, F32, [8, 4, 1, 1], b, base), OP_SET, &[1, 2]);
+    r.op_params[..4].copy_from_slice(&[32, 128, 128, 120]);
+    computes(&mut c, "set at the end", &one_node(vec![a, xs, r]));
+}

@@ -5,7 +5,8 @@
 //! [`crate::validate::op_shapes`], asks ggml whether it supports every
 //! node, write-locks every buffer the graph touches, rebuilds the tensors
 //! in a no-alloc ggml context pointing into those buffers, and runs the
-//! nodes. Every GET_ROWS / SET_ROWS index tensor is range-checked in the
+//! nodes. Every index tensor (GET_ROWS, SET_ROWS, ADD_ID and MUL_MAT_ID
+//! read rows or experts by tensor data) is range-checked in the
 //! locked memory on every execution (GRAPH_COMPUTE and GRAPH_RECOMPUTE
 //! alike): those no node writes before the first node runs; those an
 //! earlier node may write (computed indices) split the graph: the nodes
@@ -19,8 +20,8 @@
 //! `engine`, a remote peer given an ENGINE_OPEN_INBOUND lane on a buffer
 //! writes it with the NIC at any time. So the kernels do not read indices
 //! from the shared buffers at all: each check reads the indices into a
-//! private copy, checks the copy, and the GET_ROWS / SET_ROWS node reads
-//! that copy ([`PinnedIndices`]).
+//! private copy, checks the copy, and the index node reads that copy
+//! ([`PinnedIndices`]).
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -33,7 +34,7 @@ use super::registry::{BufferRegistry, LockedMemory};
 use crate::error::{Result, RpcError};
 use crate::validate::op_shapes::check_graph_ops;
 use crate::validate::{
-    BufferLookup, GraphLimits, Region, ValidatedGraph, check_index_bytes, index_tensor,
+    BufferLookup, GraphLimits, Region, ValidatedGraph, check_index_bytes, index_slot, index_tensor,
 };
 
 const CALL: &str = "GRAPH_COMPUTE (ggml)";
@@ -133,7 +134,7 @@ impl BufferLookup for LockedLookup<'_> {
 #[repr(C, align(64))]
 struct IndexBlock([u8; 64]);
 
-/// Private, checked copies of index tensors that GET_ROWS / SET_ROWS read
+/// Private, checked copies of index tensors that index nodes read
 /// instead of the shared buffer: what a kernel reads is exactly what was
 /// checked, whoever writes the buffer after the check (an engine peer's
 /// NIC write, outside the buffer locks, included).
@@ -218,6 +219,9 @@ impl PinnedIndices {
         let Some(&consumer) = ptrs.get(node) else {
             return fail("index node out of range");
         };
+        let Some(slot) = g.tensors.get(node).and_then(|t| index_slot(t.op)) else {
+            return fail("not an index node");
+        };
         // SAFETY: p and consumer are live tensors of ctx; the copy holds the
         // index tensor's whole extent (`nbytes` under the same strides).
         unsafe {
@@ -227,7 +231,7 @@ impl PinnedIndices {
             }
             tp.buffer = buf;
             tp.data = data;
-            (*consumer).src[1] = p;
+            (*consumer).src[slot] = p;
         }
         Ok(())
     }
@@ -407,14 +411,11 @@ impl GgmlCpuBackend {
         for &node in &g.upfront_index_checks {
             pinned.pin(g, node, &lookup, &self.limits, ctx, &ptrs, &mut scratch)?;
         }
-        let position: HashMap<usize, usize> =
-            g.nodes.iter().enumerate().map(|(p, &t)| (t, p)).collect();
-        let mut cuts: Vec<usize> = g
-            .deferred_index_checks
-            .iter()
-            .filter_map(|d| position.get(d).copied())
-            .collect();
+        // Positions, not nodes: a node listed twice may need its indices
+        // checked (and re-pinned) before each run.
+        let mut cuts: Vec<usize> = g.deferred_index_positions.clone();
         cuts.sort_unstable();
+        cuts.dedup();
         let mut start = 0usize;
         for end in cuts.iter().copied().chain(std::iter::once(g.nodes.len())) {
             if end > start {

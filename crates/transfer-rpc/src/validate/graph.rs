@@ -1,6 +1,9 @@
 //! GRAPH_COMPUTE checks: every id resolvable, no cycles, ops in range, custom
-//! ops refused, source arity, GET_ROWS / SET_ROWS shapes and (when the index
-//! data already sits in memory) index ranges.
+//! ops refused, source arity, the shapes of the ops that index memory with
+//! tensor data (GET_ROWS, SET_ROWS, ADD_ID, MUL_MAT_ID) and (when the index
+//! data already sits in memory) index ranges. A node may be listed more
+//! than once (test-backend-ops' perf mode repeats one node): it runs each
+//! time, as in ggml.
 //!
 //! Index ranges checked here are an early refusal only: index tensors live
 //! in buffers that any session holding the handle may write, and a stored
@@ -12,8 +15,8 @@
 use std::collections::{HashMap, HashSet};
 
 use super::ops::{
-    GGML_GLU_OP_COUNT, GGML_OP_COUNT, GGML_OP_GET_ROWS, GGML_OP_GLU, GGML_OP_SET_ROWS,
-    GGML_OP_UNARY, GGML_UNARY_OP_COUNT, is_custom,
+    GGML_GLU_OP_COUNT, GGML_OP_ADD_ID, GGML_OP_COUNT, GGML_OP_GET_ROWS, GGML_OP_GLU,
+    GGML_OP_MUL_MAT_ID, GGML_OP_SET_ROWS, GGML_OP_UNARY, GGML_UNARY_OP_COUNT, is_custom,
 };
 use super::tensor::{BufferLookup, CheckedTensor, check_tensor, check_view};
 use super::types::{GGML_TYPE_F16, GGML_TYPE_F32, GGML_TYPE_I32, GGML_TYPE_I64};
@@ -65,18 +68,22 @@ pub struct ValidatedGraph {
     pub srcs: Vec<[Option<usize>; MAX_SRC]>,
     /// View source of each tensor as an index.
     pub view_src: Vec<Option<usize>>,
-    /// GET_ROWS / SET_ROWS nodes whose index bytes no earlier node of the
-    /// graph writes: a compute backend must range-check them (with
-    /// [`check_index_node`]) against current memory before it runs the
-    /// first node, on every execution (GRAPH_COMPUTE and GRAPH_RECOMPUTE),
-    /// while it holds the buffers locked for the run.
+    /// Index nodes (GET_ROWS, SET_ROWS, ADD_ID, MUL_MAT_ID: see
+    /// [`index_slot`]) whose index bytes no node listed before them writes:
+    /// a compute backend must range-check them (with [`check_index_node`])
+    /// against current memory before it runs the first node, on every
+    /// execution (GRAPH_COMPUTE and GRAPH_RECOMPUTE), while it holds the
+    /// buffers locked for the run. Each node at most once.
     pub upfront_index_checks: Vec<usize>,
-    /// GET_ROWS / SET_ROWS nodes whose index bytes an earlier node may
-    /// write (indices computed inside the graph, or memory aliased by a
-    /// node): a compute backend must run the nodes before each of them,
-    /// then range-check its indices, on every execution, under the same
-    /// locks. In execution order.
+    /// Index nodes whose index bytes an earlier node may write (indices
+    /// computed inside the graph, or memory aliased by a node): a compute
+    /// backend must run the nodes before each of them, then range-check
+    /// its indices, on every execution, under the same locks. In execution
+    /// order; a node listed twice may appear twice.
     pub deferred_index_checks: Vec<usize>,
+    /// The position in `nodes` of each entry of `deferred_index_checks`:
+    /// the nodes before it run first.
+    pub deferred_index_positions: Vec<usize>,
 }
 
 fn refuse<T>(reason: impl Into<String>) -> Result<T> {
@@ -88,9 +95,9 @@ fn min_sources(op: u32) -> usize {
     match op {
         // NONE and ARANGE have no sources.
         0 | 67 => 0,
-        // ADD, ADD1, SUB, MUL, DIV, CONCAT, MUL_MAT, OUT_PROD, CPY,
-        // GET_ROWS, ROPE.
-        2 | 4 | 6 | 7 | 8 | 22 | 29 | 31 | 34 | 40 | 48 => 2,
+        // ADD, ADD1, ACC, SUB, MUL, DIV, CONCAT, MUL_MAT, OUT_PROD, SET,
+        // CPY, GET_ROWS, ROPE.
+        2 | 4 | 5 | 6 | 7 | 8 | 22 | 29 | 31 | 33 | 34 | 40 | 48 => 2,
         // ADD_ID, MUL_MAT_ID, SET_ROWS, FLASH_ATTN_EXT.
         3 | 30 | 42 | 74 => 3,
         _ => 1,
@@ -162,32 +169,40 @@ pub fn validate_graph(
         }
     }
 
+    // A node listed twice runs twice (ggml_graph_compute walks the list);
+    // every per-node check below is per position.
     let mut nodes = Vec::with_capacity(g.nodes.len());
-    let mut node_set = HashSet::with_capacity(g.nodes.len());
     for &id in &g.nodes {
         let Some(i) = resolve(id)? else {
             return refuse("node id 0");
         };
-        if !node_set.insert(i) {
-            return refuse(format!("node {id:#x} listed twice"));
-        }
         nodes.push(i);
     }
 
     check_acyclic(&srcs, &view_src)?;
 
     let mut upfront = Vec::new();
+    let mut upfront_set = HashSet::new();
     let mut deferred = Vec::new();
+    let mut deferred_positions = Vec::new();
     let mut writes = WrittenExtents::new(&checked, &nodes);
     for (pos, &n) in nodes.iter().enumerate() {
         let t = &g.tensors[n];
         let ix = match t.op {
             GGML_OP_GET_ROWS => check_get_rows(&g.tensors, n, &srcs[n])?,
             GGML_OP_SET_ROWS => check_set_rows(&g.tensors, n, &srcs[n])?,
+            GGML_OP_ADD_ID | GGML_OP_MUL_MAT_ID => check_expert_ids(&g.tensors, n, &srcs[n])?,
             _ => continue,
         };
         if writes.written_before(&checked[ix], pos) {
             deferred.push(n);
+            deferred_positions.push(pos);
+            continue;
+        }
+        // A repeated node none of whose earlier positions is preceded by a
+        // write of its indices reads the same bytes each time: one check
+        // before the first node covers every run.
+        if !upfront_set.insert(n) {
             continue;
         }
         // Early refusal; the backend checks again under its locks.
@@ -210,6 +225,7 @@ pub fn validate_graph(
         view_src,
         upfront_index_checks: upfront,
         deferred_index_checks: deferred,
+        deferred_index_positions: deferred_positions,
     })
 }
 
@@ -266,16 +282,31 @@ impl WrittenExtents {
     }
 }
 
-/// Rows an index of GET_ROWS / SET_ROWS node `n` may address.
+/// The source slot holding the indices of an index op: GET_ROWS (rows of
+/// src0) and SET_ROWS (rows of the result) read them from src1; ADD_ID
+/// (rows of src1) and MUL_MAT_ID (matrices of src0) from src2. `None` for
+/// every other op.
+pub fn index_slot(op: u32) -> Option<usize> {
+    match op {
+        GGML_OP_GET_ROWS | GGML_OP_SET_ROWS => Some(1),
+        GGML_OP_ADD_ID | GGML_OP_MUL_MAT_ID => Some(2),
+        _ => None,
+    }
+}
+
+/// Rows (or matrices) an index of index node `n` may address.
 fn row_bound(ts: &[RpcTensor], n: usize, s: &[Option<usize>; MAX_SRC]) -> i64 {
+    let ne = |slot: usize, d: usize| i64::from(s[slot].map_or(0, |a| ts[a].ne[d]));
     match ts[n].op {
-        GGML_OP_GET_ROWS => i64::from(s[0].map_or(0, |a| ts[a].ne[1])),
+        GGML_OP_GET_ROWS => ne(0, 1),
+        GGML_OP_ADD_ID => ne(1, 1),
+        GGML_OP_MUL_MAT_ID => ne(0, 2),
         _ => i64::from(ts[n].ne[1]),
     }
 }
 
-/// Range-checks the indices of GET_ROWS / SET_ROWS node `n` (an index into
-/// `g.tensors`) from memory. A backend calls this on every execution, with
+/// Range-checks the indices of index node `n` (an index into `g.tensors`)
+/// from memory. A backend calls this on every execution, with
 /// the graph's buffers locked: for every entry of `upfront_index_checks`
 /// before the first node, and for every entry of `deferred_index_checks`
 /// after computing the nodes before it.
@@ -295,17 +326,21 @@ pub fn check_index_node(
     )
 }
 
-/// The index tensor (an index into `g.tensors`) of GET_ROWS / SET_ROWS
-/// node `n`.
+/// The index tensor (an index into `g.tensors`) of index node `n`.
 pub fn index_tensor(g: &ValidatedGraph, n: usize) -> Result<usize> {
-    match g.srcs.get(n).and_then(|s| s[1]) {
+    let slot = g
+        .tensors
+        .get(n)
+        .and_then(|t| index_slot(t.op))
+        .ok_or_else(|| RpcError::refused(CALL, "not an index node"))?;
+    match g.srcs.get(n).and_then(|s| s[slot]) {
         Some(ix) if ix < g.tensors.len() => Ok(ix),
         _ => refuse("index node without indices"),
     }
 }
 
 /// Range-checks `bytes`, the index tensor's `nbytes` as read from memory,
-/// as the indices of GET_ROWS / SET_ROWS node `n`. For a backend that
+/// as the indices of index node `n`. For a backend that
 /// checks a private copy and hands that copy to the kernel.
 pub fn check_index_bytes(
     g: &ValidatedGraph,
@@ -447,6 +482,19 @@ fn check_set_rows(ts: &[RpcTensor], n: usize, s: &[Option<usize>; MAX_SRC]) -> R
         }
     }
     s[1].ok_or_else(|| RpcError::refused(CALL, "missing source"))
+}
+
+/// ADD_ID / MUL_MAT_ID: src2 holds I32 expert ids, one per (slot, token)
+/// (ggml_add_id / ggml_mul_mat_id); the rest of the shape rules are the
+/// op rules' (`op_shapes_ext`).
+fn check_expert_ids(ts: &[RpcTensor], n: usize, s: &[Option<usize>; MAX_SRC]) -> Result<usize> {
+    let ids = get(ts, s[2])?;
+    if ids.ty != GGML_TYPE_I32 {
+        return refuse(format!("op {} expert ids must be I32", ts[n].op));
+    }
+    get(ts, s[0])?;
+    get(ts, s[1])?;
+    s[2].ok_or_else(|| RpcError::refused(CALL, "missing source"))
 }
 
 /// Reads an index tensor from memory and checks `0 <= index < bound`.

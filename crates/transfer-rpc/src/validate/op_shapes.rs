@@ -3,8 +3,10 @@
 //! the whole process) or index outside a tensor's extent when a node does
 //! not meet their preconditions; the wire carries shapes, strides and
 //! op_params the client chose. So a backend accepts an allowlist of ops
-//! (those a dense llama graph uses), each checked here against what its
-//! ggml-cpu forward kernel requires; every other op is refused.
+//! (those llama.cpp's dense and MoE graphs and test-backend-ops use), each
+//! checked here (and in `op_shapes_ext`, the ops added for issue 11)
+//! against what its ggml-cpu forward kernel requires; every other op is
+//! refused.
 //!
 //! The rules cite the kernels of the llama.cpp that llama-cpp-sys-2
 //! 0.1.161 vendors: `ggml/src/ggml-cpu/ops.cpp` (most ops),
@@ -24,6 +26,7 @@
 
 use super::cpu_types;
 use super::graph::ValidatedGraph;
+use super::op_shapes_ext;
 use super::ops::{
     GGML_OP_GET_ROWS, GGML_OP_GLU, GGML_OP_NONE, GGML_OP_PERMUTE, GGML_OP_RESHAPE,
     GGML_OP_SET_ROWS, GGML_OP_TRANSPOSE, GGML_OP_UNARY, GGML_OP_VIEW, is_view_op,
@@ -77,7 +80,7 @@ const PREC_F32: i32 = 10;
 /// few hundred.
 pub const MAX_FLASH_ATTN_HEAD: u32 = 4096;
 
-fn refuse<T>(op: u32, reason: impl Into<String>) -> Result<T> {
+pub(super) fn refuse<T>(op: u32, reason: impl Into<String>) -> Result<T> {
     Err(RpcError::refused(
         CALL,
         format!("op {op}: {}", reason.into()),
@@ -88,31 +91,31 @@ fn info(t: &RpcTensor) -> Result<TypeInfo> {
     type_info(t.ty).ok_or_else(|| RpcError::refused(CALL, "invalid type"))
 }
 
-fn nelements(t: &RpcTensor) -> u64 {
+pub(super) fn nelements(t: &RpcTensor) -> u64 {
     t.ne.iter().map(|&n| u64::from(n)).product()
 }
 
 /// `ggml_nrows`: rows of `ne[0]` elements.
-fn nrows(t: &RpcTensor) -> u64 {
+pub(super) fn nrows(t: &RpcTensor) -> u64 {
     t.ne[1..]
         .iter()
         .fold(1u64, |acc, &n| acc.saturating_mul(u64::from(n)))
 }
 
 /// Bytes of one row (`ggml_row_size(type, ne[0])`).
-fn row_bytes(t: &RpcTensor) -> u64 {
+pub(super) fn row_bytes(t: &RpcTensor) -> u64 {
     type_info(t.ty).map_or(u64::MAX, |i| {
         (u64::from(t.ne[0]) / i.block_size).saturating_mul(i.type_size)
     })
 }
 
 /// `op_params[i]` read as the f32 a kernel `memcpy`s out of it.
-fn f32_param(r: &RpcTensor, i: usize) -> f32 {
+pub(super) fn f32_param(r: &RpcTensor, i: usize) -> f32 {
     f32::from_bits(r.op_params[i] as u32)
 }
 
 /// Rows are contiguous: the first dimension is packed.
-fn rows_contiguous(t: &RpcTensor) -> bool {
+pub(super) fn rows_contiguous(t: &RpcTensor) -> bool {
     type_info(t.ty).is_some_and(|i| u64::from(t.nb[0]) == i.type_size)
 }
 
@@ -159,7 +162,7 @@ pub fn is_contiguous_1(t: &RpcTensor) -> bool {
 
 /// Strides never decrease (`!ggml_is_permuted`, size-1 dims included):
 /// what the "dst cannot be transposed or permuted" asserts check.
-fn strides_ordered(t: &RpcTensor) -> bool {
+pub(super) fn strides_ordered(t: &RpcTensor) -> bool {
     t.nb[0] <= t.nb[1] && t.nb[1] <= t.nb[2] && t.nb[2] <= t.nb[3]
 }
 
@@ -167,7 +170,7 @@ fn strides_ordered(t: &RpcTensor) -> bool {
 /// `i * nb[1]`: for kernels that walk `ggml_nrows` rows by `nb[1]` alone.
 /// `ggml_is_contiguous` leaves `nb[1]` free when `ne[1] == 1`, so it must
 /// be the row size whenever there is more than one row.
-fn flat_rows(t: &RpcTensor) -> bool {
+pub(super) fn flat_rows(t: &RpcTensor) -> bool {
     is_contiguous(t) && (nrows(t) <= 1 || u64::from(t.nb[1]) == row_bytes(t))
 }
 
@@ -183,7 +186,7 @@ fn fits_int(t: &RpcTensor) -> bool {
     u64::from(t.ne[0]) <= max && nrows(t) <= max
 }
 
-fn float(ty: u32) -> bool {
+pub(super) fn float(ty: u32) -> bool {
     matches!(ty, GGML_TYPE_F32 | GGML_TYPE_F16 | GGML_TYPE_BF16)
 }
 
@@ -194,7 +197,7 @@ fn float(ty: u32) -> bool {
 const CPU_NO_ROW_KERNELS: [&str; 7] = ["q8_1", "q8_K", "i8", "i16", "i32", "i64", "f64"];
 
 /// A MUL_MAT `src0` type ggml-cpu multiplies (it has a `vec_dot`).
-fn cpu_mul_mat_src0(ty: u32) -> bool {
+pub(super) fn cpu_mul_mat_src0(ty: u32) -> bool {
     type_info(ty).is_some_and(|i| !CPU_NO_ROW_KERNELS.contains(&i.name))
 }
 
@@ -210,7 +213,7 @@ fn cpu_get_rows_src(ty: u32) -> bool {
 /// `ggml_backend_cpu_device_supports_op` accepts F32, the vec_dot type
 /// and (vec_dot F32) BF16; the kernel GGML_ASSERTs that a src1 it must
 /// convert is F32 or (vec_dot F32) F16 / BF16.
-fn mul_mat_src1_ok(a: u32, b: u32) -> bool {
+pub(super) fn mul_mat_src1_ok(a: u32, b: u32) -> bool {
     let Some(vdt) = cpu_types::vec_dot_type(a) else {
         return false;
     };
@@ -220,15 +223,15 @@ fn mul_mat_src1_ok(a: u32, b: u32) -> bool {
 /// Rows packed and dims 2, 3 packed after dim 1: row `i` counted over
 /// dims 1..3 as one run lies at `i * nb[1]`, for kernels that walk
 /// `ggml_nrows` rows by `nb[1]` alone.
-fn flat_walk(t: &RpcTensor) -> bool {
+pub(super) fn flat_walk(t: &RpcTensor) -> bool {
     (t.ne[0] <= 1 || rows_contiguous(t)) && is_contiguous_1(t)
 }
 
-fn divides(small: u32, big: u32) -> bool {
+pub(super) fn divides(small: u32, big: u32) -> bool {
     small != 0 && big % small == 0
 }
 
-fn can_repeat(b: &RpcTensor, a: &RpcTensor) -> bool {
+pub(super) fn can_repeat(b: &RpcTensor, a: &RpcTensor) -> bool {
     (0..4).all(|i| divides(b.ne[i], a.ne[i]))
 }
 
@@ -603,7 +606,9 @@ pub fn check_node(
             Ok(())
         }
         OP_FLASH_ATTN_EXT => check_flash_attn_ext(r, s),
-        _ => refuse(op, "not on the compute allowlist"),
+        _ => {
+            op_shapes_ext::check(r, s).unwrap_or_else(|| refuse(op, "not on the compute allowlist"))
+        }
     }
 }
 

@@ -4,6 +4,10 @@
 pub const GGML_OP_COUNT: u32 = 101;
 /// `GGML_OP_NONE`.
 pub const GGML_OP_NONE: u32 = 0;
+/// `GGML_OP_ADD_ID`.
+pub const GGML_OP_ADD_ID: u32 = 3;
+/// `GGML_OP_MUL_MAT_ID`.
+pub const GGML_OP_MUL_MAT_ID: u32 = 30;
 /// `GGML_OP_RESHAPE`.
 pub const GGML_OP_RESHAPE: u32 = 36;
 /// `GGML_OP_VIEW`.
