@@ -629,48 +629,6 @@ fn unlike_providers_fall_back_and_close_the_lane() {
     assert_eq!(b.c.device_count().unwrap(), 1);
 }
 
-/// A `transfer-rpc-server` process, killed on drop.
-struct ServerProcess {
-    child: std::process::Child,
-    endpoint: String,
-}
-
-impl ServerProcess {
-    fn start(args: &[&str]) -> ServerProcess {
-        use std::io::BufRead;
-        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_transfer-rpc-server"))
-            .args(["--port", "0", "--peer-allow", "loopback"])
-            .args(args)
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let mut lines = std::io::BufReader::new(stderr).lines();
-        let mut endpoint = None;
-        for line in lines.by_ref() {
-            let line = line.unwrap();
-            eprintln!("{line}");
-            if let Some(rest) = line.split("listening on ").nth(1) {
-                endpoint = rest.split(',').next().map(str::to_owned);
-                break;
-            }
-        }
-        // Keep draining its log so that it never blocks on a full pipe.
-        std::thread::spawn(move || lines.for_each(drop));
-        ServerProcess {
-            child,
-            endpoint: endpoint.expect("the server did not start"),
-        }
-    }
-}
-
-impl Drop for ServerProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// The CLI: two server processes started with `--engine tcp --engine-node
 /// 127.0.0.1 --engine-iface lo` write a boundary between them.
 #[test]

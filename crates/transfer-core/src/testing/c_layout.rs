@@ -85,6 +85,27 @@ pub fn mismatches(probes: &[Probe], c: &[usize]) -> Vec<String> {
         .collect()
 }
 
+/// The whole check a layout test makes: compile the probes against
+/// `headers`, skip (or fail, when `TRANSFER_REQUIRE` names `headers`) if
+/// that cannot be done, and panic listing every mirror that differs.
+#[allow(clippy::panic)]
+pub fn assert_layouts(package: &str, headers: &[&str], probes: &[Probe]) {
+    let c = match c_values(headers, probes) {
+        Ok(c) => c,
+        Err(e) => {
+            crate::testing::skip_or_fail(
+                "headers",
+                format!("C headers (apt-get install {package}): {e}"),
+            );
+            return;
+        }
+    };
+    let bad = mismatches(probes, &c);
+    if !bad.is_empty() {
+        panic!("mirrors differ from the headers: {bad:#?}");
+    }
+}
+
 /// `Probe`s from a list: `size TYPE`, `offset TYPE.FIELD` or
 /// `offset TYPE.FIELD = "c.path"` when the C member path differs from
 /// the Rust field name (a flattened union, a padding field).

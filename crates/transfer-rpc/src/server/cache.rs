@@ -46,6 +46,23 @@ struct Index {
     tick: u64,
 }
 
+impl Index {
+    /// Records a stored entry as the most recently used.
+    fn insert(&mut self, hash: u64, len: u64, sha: [u8; 32]) {
+        self.tick += 1;
+        let last_used = self.tick;
+        self.entries.insert(
+            hash,
+            Entry {
+                len,
+                sha,
+                last_used,
+            },
+        );
+        self.bytes = self.bytes.saturating_add(len);
+    }
+}
+
 #[derive(Debug)]
 struct Inner {
     dir: PathBuf,
@@ -110,17 +127,7 @@ impl HashCache {
         {
             let mut ix = cache.lock();
             for (hash, len, sha) in found {
-                ix.tick += 1;
-                let last_used = ix.tick;
-                ix.entries.insert(
-                    hash,
-                    Entry {
-                        len,
-                        sha,
-                        last_used,
-                    },
-                );
-                ix.bytes = ix.bytes.saturating_add(len);
+                ix.insert(hash, len, sha);
             }
             cache.evict_until(&mut ix, 0);
         }
@@ -275,17 +282,7 @@ impl HashCache {
             self.remove_files(hash);
             RpcError::io(call, e)
         })?;
-        ix.tick += 1;
-        let last_used = ix.tick;
-        ix.entries.insert(
-            hash,
-            Entry {
-                len,
-                sha,
-                last_used,
-            },
-        );
-        ix.bytes = ix.bytes.saturating_add(len);
+        ix.insert(hash, len, sha);
         Ok(hash)
     }
 }

@@ -619,17 +619,10 @@ mod header_layout {
             c_expr: "sizeof(struct ibv_port_attr)".into(),
             rust: std::mem::offset_of!(ibv_port_attr, _reserved),
         });
-        let c = match transfer_core::testing::c_layout::c_values(&["infiniband/verbs.h"], &probes) {
-            Ok(c) => c,
-            Err(e) => {
-                transfer_core::testing::skip_or_fail(
-                    "headers",
-                    format!("verbs headers (apt-get install libibverbs-dev): {e}"),
-                );
-                return;
-            }
-        };
-        let bad = transfer_core::testing::c_layout::mismatches(&probes, &c);
-        assert!(bad.is_empty(), "mirrors differ from the headers: {bad:#?}");
+        transfer_core::testing::c_layout::assert_layouts(
+            "libibverbs-dev",
+            &["infiniband/verbs.h"],
+            &probes,
+        );
     }
 }
