@@ -206,3 +206,34 @@ fn freed_buffers_leave_the_worker_and_compute_cost_is_measured() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// What the worker costs per graph: GRAPH_RECOMPUTE of a one-node graph
+/// (16 floats), each followed by a DEVICE_COUNT round trip so that the
+/// compute has finished, in-process vs worker. A measurement, not a test:
+/// `cargo test --features ggml --test compute_isolation -- --ignored --nocapture`.
+#[test]
+#[ignore = "measurement"]
+fn measure_worker_overhead_per_graph() {
+    fn median_us(h: &ServerHandle) -> f64 {
+        let mut c = connect(h);
+        let g = matmul(&mut c, 4, 2, 2);
+        c.graph_compute(&g.graph).unwrap();
+        let mut samples: Vec<f64> = (0..2000)
+            .map(|_| {
+                let t0 = Instant::now();
+                c.graph_recompute(0).unwrap();
+                c.device_count().unwrap();
+                t0.elapsed().as_secs_f64() * 1e6
+            })
+            .collect();
+        samples.sort_by(f64::total_cmp);
+        samples[samples.len() / 2]
+    }
+    let (worker, _) = isolated(&[]);
+    let inproc = start_ggml();
+    let (w, i) = (median_us(&worker), median_us(&inproc));
+    println!(
+        "recompute + round trip, median of 2000: worker {w:.1} us, in-process {i:.1} us, worker adds {:.1} us",
+        w - i
+    );
+}
