@@ -839,6 +839,7 @@ fn cases() -> Vec<Spec> {
     }
     more_existing_op_cases(&mut v);
     new_op_cases(&mut v);
+    batch2_op_cases(&mut v);
     v
 }
 
@@ -1535,6 +1536,209 @@ fn new_op_cases(v: &mut Vec<Spec>) {
         }),
         2,
     ));
+}
+
+/// Issue 11, second batch: the remaining unary ops, LOG / SIN / COS,
+/// ADD1, LEAKY_RELU, FILL, TRI, CUMSUM, GROUP_NORM, COUNT_EQUAL, ARANGE,
+/// TIMESTEP_EMBEDDING, PAD_REFLECT_1D, ROLL (test-backend-ops' cases,
+/// smaller).
+fn batch2_op_cases(v: &mut Vec<Spec>) {
+    const I32: sys::ggml_type = sys::GGML_TYPE_I32;
+    // The unary ops the first sweep left out (test_unary), contiguous and
+    // strided; XIELU (test_xielu).
+    let unary = [
+        sys::GGML_UNARY_OP_EXPM1,
+        sys::GGML_UNARY_OP_SOFTPLUS,
+        sys::GGML_UNARY_OP_FLOOR,
+        sys::GGML_UNARY_OP_CEIL,
+        sys::GGML_UNARY_OP_ROUND,
+        sys::GGML_UNARY_OP_TRUNC,
+    ];
+    for op in unary {
+        for ty in [F32, F16] {
+            for strided in [false, true] {
+                v.push(spec(
+                    format!("unary {op} {ty} strided {strided}"),
+                    1e-7,
+                    move |c| {
+                        let ne = [128, 2, 2, 2];
+                        let a = if strided {
+                            strided_input(c, ty, ne)
+                        } else {
+                            c.tensor(ty, ne, Fill::Uniform(-10.0, 10.0))
+                        };
+                        // SAFETY: live context and tensor.
+                        unsafe { sys::ggml_unary(c.ctx, a, op) }
+                    },
+                ));
+            }
+        }
+    }
+    for ty in [F32, F16] {
+        v.push(spec(format!("xielu {ty}"), 1e-6, move |c| {
+            let a = c.tensor(ty, [128, 2, 2, 2], Fill::Uniform(-3.0, 3.0));
+            // SAFETY: live context and tensor.
+            unsafe { sys::ggml_xielu(c.ctx, a, 0.8, 0.8, 0.5, 1e-6) }
+        }));
+    }
+    // LOG (positive inputs), SIN, COS (test_log, test_sin, test_cos).
+    type Un = unsafe extern "C" fn(*mut sys::ggml_context, T) -> T;
+    let ops: [(&str, Un, f32, f32); 3] = [
+        ("log", sys::ggml_log, 0.1, 10.0),
+        ("sin", sys::ggml_sin, -6.0, 6.0),
+        ("cos", sys::ggml_cos, -6.0, 6.0),
+    ];
+    for (name, f, lo, hi) in ops {
+        for ty in [F32, F16] {
+            for ne in [[10i64, 2, 2, 2], [128, 5, 1, 1]] {
+                v.push(spec(format!("{name} {ty} {ne:?}"), 1e-6, move |c| {
+                    let a = c.tensor(ty, ne, Fill::Uniform(lo, hi));
+                    // SAFETY: live context and tensor.
+                    unsafe { f(c.ctx, a) }
+                }));
+            }
+        }
+    }
+    // ADD1 (test_add1): a scalar of the source type or F32.
+    for (ty, sty) in [(F32, F32), (F16, F16), (F16, F32)] {
+        v.push(spec(format!("add1 {ty} + {sty}"), 1e-7, move |c| {
+            let a = c.input(ty, [10, 5, 4, 3]);
+            let b = c.input(sty, [1, 1, 1, 1]);
+            // SAFETY: live context and tensors.
+            unsafe { sys::ggml_add1(c.ctx, a, b) }
+        }));
+    }
+    v.push(spec("add1 strided".into(), 1e-7, |c| {
+        let a = strided_input(c, F32, [10, 5, 4, 3]);
+        let b = c.input(F32, [1, 1, 1, 1]);
+        // SAFETY: live context and tensors.
+        unsafe { sys::ggml_add1(c.ctx, a, b) }
+    }));
+    // LEAKY_RELU (test_leaky_relu), FILL (test_fill), TRI (test_tri).
+    for ty in [F32, F16] {
+        v.push(spec(format!("leaky_relu {ty}"), 1e-7, move |c| {
+            let a = c.input(ty, [10, 5, 4, 3]);
+            // SAFETY: live context and tensor.
+            unsafe { sys::ggml_leaky_relu(c.ctx, a, 0.1, false) }
+        }));
+        for value in [0.0f32, -2.5, 1e4] {
+            v.push(spec(format!("fill {ty} {value}"), 1e-7, move |c| {
+                let a = c.input(ty, [10, 5, 4, 3]);
+                // SAFETY: live context and tensor.
+                unsafe { sys::ggml_fill(c.ctx, a, value) }
+            }));
+        }
+    }
+    for tri in [
+        sys::GGML_TRI_TYPE_UPPER_DIAG,
+        sys::GGML_TRI_TYPE_UPPER,
+        sys::GGML_TRI_TYPE_LOWER_DIAG,
+        sys::GGML_TRI_TYPE_LOWER,
+    ] {
+        v.push(spec(format!("tri {tri}"), 1e-7, move |c| {
+            let a = c.input(F32, [10, 10, 4, 3]);
+            // SAFETY: live context and tensor.
+            unsafe { sys::ggml_tri(c.ctx, a, tri) }
+        }));
+    }
+    // CUMSUM (test_cumsum), contiguous, long rows and permuted.
+    for ne in [[10i64, 5, 4, 3], [2048, 3, 1, 1]] {
+        v.push(spec(format!("cumsum {ne:?}"), 1e-6, move |c| {
+            let a = c.input(F32, ne);
+            // SAFETY: live context and tensor.
+            unsafe { sys::ggml_cumsum(c.ctx, a) }
+        }));
+    }
+    v.push(spec("cumsum permuted".into(), 1e-6, |c| {
+        let a = permuted_input(c, F32, [10, 5, 4, 3]);
+        // SAFETY: live context and tensor.
+        unsafe { sys::ggml_cumsum(c.ctx, a) }
+    }));
+    // GROUP_NORM (test_group_norm): groups dividing the channels or not.
+    for (ne, groups, eps) in [
+        ([64i64, 8, 32, 1], 4, 1e-6f32),
+        ([64, 8, 32, 2], 32, 1e-6),
+        ([9, 9, 30, 1], 4, 1e-5),
+        ([9, 9, 30, 1], 7, 1e-5),
+    ] {
+        v.push(spec(
+            format!("group_norm {ne:?} groups {groups}"),
+            1e-6,
+            move |c| {
+                let a = c.input(F32, ne);
+                // SAFETY: live context and tensor.
+                unsafe { sys::ggml_group_norm(c.ctx, a, groups, eps) }
+            },
+        ));
+    }
+    // COUNT_EQUAL (test_count_equal): argmax of two score matrices.
+    for ne in [[4i64, 500, 1, 1], [16, 33, 1, 1]] {
+        v.push(spec(format!("count_equal {ne:?}"), 0.0, move |c| {
+            let a = c.input(F32, ne);
+            let b = c.input(F32, ne);
+            // SAFETY: live context and tensors.
+            unsafe {
+                let ia = sys::ggml_argmax(c.ctx, a);
+                let ib = sys::ggml_argmax(c.ctx, b);
+                sys::ggml_count_equal(c.ctx, ia, ib)
+            }
+        }));
+    }
+    v.push(spec("count_equal of indices".into(), 0.0, |c| {
+        let a = c.tensor(I32, [64, 8, 1, 1], Fill::Index(4));
+        let b = c.tensor(I32, [64, 8, 1, 1], Fill::Index(4));
+        // SAFETY: live context and tensors.
+        unsafe { sys::ggml_count_equal(c.ctx, a, b) }
+    }));
+    // ARANGE (test_arange), TIMESTEP_EMBEDDING (test_timestep_embedding).
+    for (start, stop, step) in [
+        (0.0f32, 10.0f32, 1.0f32),
+        (-3.0, 7.5, 0.25),
+        (1.0, 2.0, 0.3),
+    ] {
+        v.push(spec(
+            format!("arange {start} {stop} {step}"),
+            1e-7,
+            move |c| {
+                // SAFETY: live context.
+                unsafe { sys::ggml_arange(c.ctx, start, stop, step) }
+            },
+        ));
+    }
+    for (n, dim, period) in [(2i64, 320, 10000), (5, 31, 100)] {
+        v.push(spec(
+            format!("timestep_embedding {n} dim {dim}"),
+            1e-6,
+            move |c| {
+                let t = c.tensor(F32, [n, 1, 1, 1], Fill::Uniform(0.0, 1000.0));
+                // SAFETY: live context and tensor.
+                unsafe { sys::ggml_timestep_embedding(c.ctx, t, dim, period) }
+            },
+        ));
+    }
+    // PAD_REFLECT_1D (test_pad_reflect_1d), ROLL (test_roll).
+    for (ne, p0, p1) in [
+        ([512i64, 34, 2, 1], 10, 9),
+        ([3000, 3, 1, 1], 2, 2),
+        ([5, 2, 1, 1], 4, 0),
+    ] {
+        v.push(spec(
+            format!("pad_reflect_1d {ne:?} {p0} {p1}"),
+            1e-7,
+            move |c| {
+                let a = c.input(F32, ne);
+                // SAFETY: live context and tensor.
+                unsafe { sys::ggml_pad_reflect_1d(c.ctx, a, p0, p1) }
+            },
+        ));
+    }
+    for shifts in [[3, -2, 1, -1], [0, 0, 0, 0], [-9, 4, -3, 2]] {
+        v.push(spec(format!("roll {shifts:?}"), 1e-7, move |c| {
+            let a = c.input(F32, [10, 5, 4, 3]);
+            // SAFETY: live context and tensor; |shift| < ne per dim.
+            unsafe { sys::ggml_roll(c.ctx, a, shifts[0], shifts[1], shifts[2], shifts[3]) }
+        }));
+    }
 }
 
 fn op_name(t: T) -> String {

@@ -886,3 +886,172 @@ fn new_ops_refuse_what_ggml_cpu_cannot_take() {
     r.op_params[..4].copy_from_slice(&[32, 128, 128, 120]);
     computes(&mut c, "set at the end", &one_node(vec![a, xs, r]));
 }
+
+const OP_ADD1: u32 = 4;
+const OP_LOG: u32 = 11;
+const OP_CUMSUM: u32 = 16;
+const OP_COUNT_EQUAL: u32 = 19;
+const OP_GROUP_NORM: u32 = 27;
+const OP_PAD_REFLECT_1D: u32 = 65;
+const OP_ROLL: u32 = 66;
+const OP_ARANGE: u32 = 67;
+const OP_TIMESTEP_EMBEDDING: u32 = 68;
+const OP_LEAKY_RELU: u32 = 71;
+const OP_TRI: u32 = 72;
+const OP_FILL: u32 = 73;
+
+#[test]
+fn batch2_ops_refuse_what_ggml_cpu_cannot_take() {
+    let h = start_ggml();
+    // Type switches that GGML_ABORT: LOG of I32 (unary_op), CUMSUM of
+    // F16, LEAKY_RELU of BF16, FILL of BF16.
+    for (op, ty) in [
+        (OP_LOG, I32),
+        (OP_CUMSUM, F16),
+        (OP_LEAKY_RELU, BF16),
+        (OP_FILL, BF16),
+    ] {
+        refused(&h, &format!("op {op} of type {ty}"), |b, base| {
+            let a = packed(1, ty, [8, 4, 1, 1], b, base, 0);
+            let r = node(packed(2, ty, [8, 4, 1, 1], b, base, 1024), op, &[1]);
+            one_node(vec![a, r])
+        });
+    }
+    // ADD1: GGML_ASSERT(ggml_is_scalar(src1)).
+    refused(&h, "add1 of a vector", |b, base| {
+        let a = packed(1, F32, [8, 4, 1, 1], b, base, 0);
+        let x = packed(2, F32, [8, 1, 1, 1], b, base, 1024);
+        let r = node(
+            packed(3, F32, [8, 4, 1, 1], b, base, 2048),
+            OP_ADD1,
+            &[1, 2],
+        );
+        one_node(vec![a, x, r])
+    });
+    // COUNT_EQUAL: GGML_ASSERT(dst->type == GGML_TYPE_I64); a [8, 4, 3]
+    // source (at the buffer's end) has its last row read at row 13 of 12.
+    refused(&h, "count_equal into I32", |b, base| {
+        let a = packed(1, I32, [8, 4, 1, 1], b, base, 0);
+        let x = packed(2, I32, [8, 4, 1, 1], b, base, 1024);
+        let r = node(
+            packed(3, I32, [1, 1, 1, 1], b, base, 2048),
+            OP_COUNT_EQUAL,
+            &[1, 2],
+        );
+        one_node(vec![a, x, r])
+    });
+    refused(&h, "count_equal of [8, 4, 3]", |b, base| {
+        let a = packed(1, I32, [8, 4, 3, 1], b, base, 0);
+        let x = at_end(2, I32, [8, 4, 3, 1], b, base);
+        let r = node(
+            packed(3, I64, [1, 1, 1, 1], b, base, 2048),
+            OP_COUNT_EQUAL,
+            &[1, 2],
+        );
+        one_node(vec![a, x, r])
+    });
+    // GROUP_NORM of 0 groups: an int division by zero (SIGFPE).
+    refused(&h, "group_norm of 0 groups", |b, base| {
+        over_src(
+            OP_GROUP_NORM,
+            packed(2, F32, [8, 4, 3, 1], b, base, 4096),
+            b,
+            base,
+            &[(0, 0)],
+        )
+    });
+    // PAD_REFLECT_1D with p0 = -1: each row is copied one float before
+    // its dst row (dst at the buffer's start).
+    refused(&h, "pad_reflect_1d p0 -1", |b, base| {
+        let a = packed(1, F32, [8, 4, 3, 1], b, base, 4096);
+        let mut r = node(
+            packed(2, F32, [8, 4, 3, 1], b, base, 0),
+            OP_PAD_REFLECT_1D,
+            &[1],
+        );
+        r.op_params[..2].copy_from_slice(&[-1, 1]);
+        one_node(vec![a, r])
+    });
+    // ROLL: a shift of ne1 + 4 wraps once to row -4 (src0 at the
+    // buffer's start).
+    refused(&h, "roll by 8 of 4 rows", |b, base| {
+        over_src(
+            OP_ROLL,
+            packed(2, F32, [8, 4, 3, 1], b, base, 4096),
+            b,
+            base,
+            &[(1, 8)],
+        )
+    });
+    // ARANGE: GGML_ASSERT(ggml_nelements(dst) == steps).
+    refused(&h, "arange of 10 steps into 8", |b, base| {
+        let mut r = node(packed(1, F32, [8, 1, 1, 1], b, base, 0), OP_ARANGE, &[]);
+        set_f32(&mut r, 1, 10.0);
+        set_f32(&mut r, 2, 1.0);
+        one_node(vec![r])
+    });
+    // TIMESTEP_EMBEDDING: dim 64 written into rows of 8 (dst at the
+    // buffer's end); dim -3 writes column -2 (dst at its start).
+    for (dim, at_start) in [(64, false), (-3, true)] {
+        refused(&h, &format!("timestep_embedding dim {dim}"), |b, base| {
+            let t = packed(1, F32, [4, 1, 1, 1], b, base, 4096);
+            let out = if at_start {
+                packed(2, F32, [8, 4, 1, 1], b, base, 0)
+            } else {
+                at_end(2, F32, [8, 4, 1, 1], b, base)
+            };
+            let mut r = node(out, OP_TIMESTEP_EMBEDDING, &[1]);
+            r.op_params[0] = dim;
+            r.op_params[1] = 10000;
+            one_node(vec![t, r])
+        });
+    }
+    // TRI: GGML_ABORT("invalid tri type").
+    refused(&h, "tri type 4", |b, base| {
+        let a = packed(1, F32, [8, 8, 1, 1], b, base, 0);
+        let mut r = node(packed(2, F32, [8, 8, 1, 1], b, base, 1024), OP_TRI, &[1]);
+        r.op_params[0] = 4;
+        one_node(vec![a, r])
+    });
+
+    // The valid forms compute.
+    let (mut c, b, base) = session(&h);
+    let x: Vec<f32> = (0..96).map(|i| (i as f32) * 0.25 - 8.0).collect();
+    c.set_tensor(&packed(1, F32, [8, 4, 3, 1], b, base, 0), 0, &f32_bytes(&x))
+        .unwrap();
+    for (op, ne, params) in [
+        (OP_GROUP_NORM, [8, 4, 3, 1], vec![(0, 3)]),
+        (OP_ROLL, [8, 4, 3, 1], vec![(0, -7), (1, 3), (2, -2)]),
+        (OP_PAD_REFLECT_1D, [15, 4, 3, 1], vec![(0, 7), (1, 0)]),
+        (OP_CUMSUM, [8, 4, 3, 1], vec![]),
+        (OP_LEAKY_RELU, [8, 4, 3, 1], vec![]),
+        (OP_FILL, [8, 4, 3, 1], vec![]),
+        (OP_LOG, [8, 4, 3, 1], vec![]),
+    ] {
+        let t = packed(2, F32, ne, b, base, 4096);
+        computes(
+            &mut c,
+            &format!("op {op}"),
+            &over_src(op, t, b, base, &params),
+        );
+    }
+    let rolled = read(&mut c, &packed(2, F32, [8, 4, 3, 1], b, base, 4096), 1);
+    assert!(rolled[0].is_nan(), "log of a negative value");
+    let t = packed(1, F32, [4, 1, 1, 1], b, base, 0);
+    let mut r = node(
+        at_end(2, F32, [8, 4, 1, 1], b, base),
+        OP_TIMESTEP_EMBEDDING,
+        &[1],
+    );
+    r.op_params[0] = 8;
+    r.op_params[1] = 10000;
+    computes(&mut c, "timestep_embedding dim 8", &one_node(vec![t, r]));
+    let mut r = node(packed(2, F32, [10, 1, 1, 1], b, base, 4096), OP_ARANGE, &[]);
+    set_f32(&mut r, 1, 10.0);
+    set_f32(&mut r, 2, 1.0);
+    computes(&mut c, "arange", &one_node(vec![r.clone()]));
+    assert_eq!(
+        read(&mut c, &r, 10),
+        (0..10).map(|i| i as f32).collect::<Vec<_>>()
+    );
+}

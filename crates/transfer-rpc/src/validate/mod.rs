@@ -6,6 +6,7 @@ pub mod cpu_types;
 pub mod graph;
 pub mod op_shapes;
 pub mod op_shapes_ext;
+mod op_shapes_more;
 pub mod ops;
 pub mod tensor;
 pub mod types;

@@ -78,7 +78,7 @@ pub(super) fn check(r: &RpcTensor, s: &[Option<&RpcTensor>; MAX_SRC]) -> Option<
         OP_CLAMP => with_src(r, s, check_clamp),
         OP_PAD => with_src(r, s, check_pad),
         OP_ARGSORT | OP_TOP_K => with_src(r, s, check_sort),
-        _ => return None,
+        _ => return super::op_shapes_more::check(r, s),
     };
     Some(checked)
 }
