@@ -23,11 +23,14 @@ const REQUIRE_VM: &str = "verbs";
 const REQUIRE_ENV: &str = "TRANSFER_REQUIRE";
 
 pub fn run(args: &[String]) -> Result<(), String> {
-    let (mut ggml, mut vm) = (true, true);
+    let (mut ggml, mut vm, mut python) = (true, true, true);
     for a in args {
         match a.as_str() {
             "--no-vm" => vm = false,
             "--no-ggml" => ggml = false,
+            "--no-python" => python = false,
+            // Only the Python package's step, for quick iterations on it.
+            "--python-only" => return python_package(),
             other => return Err(format!("test: unknown option `{other}`")),
         }
     }
@@ -60,6 +63,11 @@ pub fn run(args: &[String]) -> Result<(), String> {
             ])
             .env(REQUIRE_ENV, REQUIRE_HOST),
     )?;
+    if python {
+        python_package()?;
+    } else {
+        eprintln!("==> skipped (--no-python): the Python package (crates/transfer-py)");
+    }
     if ggml {
         rpc_against_llama_cpp()?;
     } else {
@@ -149,4 +157,138 @@ pub fn verbs_vm() -> Result<(), String> {
         "transfer-verbs conformance and the transfer-rpc engine link over soft-RoCE (qemu VM)",
         &mut cmd,
     )
+}
+
+/// What the Python package's step needs from the system: an interpreter
+/// (3.11 or newer: the wheel is abi3-py311) with the venv module.
+const PYTHON: [deps::Package; 2] = [
+    deps::Package {
+        name: "python3",
+        probes: &["/usr/bin/python3", "/usr/local/bin/python3"],
+        why: "builds and tests the Python package (crates/transfer-py)",
+    },
+    deps::Package {
+        name: "python3-venv",
+        probes: &[
+            "/usr/lib/python3*/ensurepip/__init__.py",
+            "/usr/local/lib/python3*/ensurepip/__init__.py",
+        ],
+        why: "the virtual environment the Python package is tested in",
+    },
+];
+
+/// What the step installs from PyPI into its virtual environment.
+const PY_PACKAGES: [&str; 3] = ["maturin>=1.9.4,<2", "numpy", "pytest"];
+
+/// The Python package: a venv under the target directory, the wheel built
+/// with maturin and installed into it, then its pytest suite (two real
+/// processes over tcp and shm). `PYTHON` names the interpreter (default
+/// `python3` on PATH).
+fn python_package() -> Result<(), String> {
+    use std::path::Path;
+    use std::process::Command;
+
+    deps::ensure(&PYTHON)?;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .ok_or("xtask has no parent directory")?;
+    let crate_dir = root.join("crates/transfer-py");
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| root.join("target"), std::path::PathBuf::from);
+    let venv = target.join("py-venv");
+    let py = venv.join("bin/python");
+    if !py.exists() {
+        let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+        step::run(
+            "python venv",
+            Command::new(&python).arg("-m").arg("venv").arg(&venv),
+        )?;
+    }
+    let version_ok = Command::new(&py)
+        .args(["-c", "import sys; sys.exit(sys.version_info < (3, 11))"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !version_ok {
+        return Err(format!(
+            "the Python package needs Python 3.11 or newer; remove {} and set PYTHON to one",
+            venv.display()
+        ));
+    }
+    let installed = venv.join("bin/maturin").exists()
+        && Command::new(&py)
+            .args(["-c", "import numpy, pytest"])
+            .status()
+            .is_ok_and(|s| s.success());
+    if !installed {
+        step::run(
+            "python packages from PyPI",
+            Command::new(&py)
+                .args([
+                    "-m",
+                    "pip",
+                    "install",
+                    "--quiet",
+                    "--disable-pip-version-check",
+                ])
+                .args(PY_PACKAGES),
+        )?;
+    }
+    let wheels = target.join("py-wheels");
+    // Only this build's wheel in there.
+    let _ = std::fs::remove_dir_all(&wheels);
+    step::run(
+        "python wheel (maturin build)",
+        Command::new(venv.join("bin/maturin"))
+            .arg("build")
+            .arg("--manifest-path")
+            .arg(crate_dir.join("Cargo.toml"))
+            .arg("--interpreter")
+            .arg(&py)
+            .arg("--out")
+            .arg(&wheels),
+    )?;
+    let wheel = std::fs::read_dir(&wheels)
+        .map_err(|e| format!("reading {}: {e}", wheels.display()))?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "whl"))
+        .ok_or_else(|| format!("maturin left no wheel in {}", wheels.display()))?;
+    step::run(
+        "install the wheel",
+        Command::new(&py)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--force-reinstall",
+                "--no-deps",
+            ])
+            .arg(&wheel),
+    )?;
+    // Not step::run: pytest's exit code 5 (no test collected) must fail
+    // with its own message, as any other non-zero code does.
+    let mut cmd = Command::new(&py);
+    cmd.args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"])
+        .current_dir(&crate_dir);
+    eprintln!(
+        "==> python package tests: pytest in {}",
+        crate_dir.display()
+    );
+    let start = std::time::Instant::now();
+    let status = cmd
+        .status()
+        .map_err(|e| format!("python package tests: could not start pytest: {e}"))?;
+    let secs = start.elapsed().as_secs_f64();
+    match status.code() {
+        Some(0) => {
+            eprintln!("==> python package tests: ok ({secs:.1} s)");
+            Ok(())
+        }
+        Some(5) => Err("python package tests: pytest collected no tests (exit code 5)".into()),
+        _ => Err(format!(
+            "python package tests failed ({status}) after {secs:.1} s"
+        )),
+    }
 }

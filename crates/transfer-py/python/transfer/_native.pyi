@@ -1,7 +1,9 @@
 """Type stubs of the native half of `transfer` (import from `transfer`)."""
 
-from collections.abc import Buffer, Generator, Iterable, Sequence
+from collections.abc import Generator, Iterable, Sequence
 from typing import Any, Literal, final
+
+from typing_extensions import Buffer
 
 _Bytes = bytes | bytearray | memoryview | Buffer
 _Pages = Buffer | Sequence[int]
