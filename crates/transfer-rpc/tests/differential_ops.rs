@@ -1739,6 +1739,48 @@ fn batch2_op_cases(v: &mut Vec<Spec>) {
             unsafe { sys::ggml_roll(c.ctx, a, shifts[0], shifts[1], shifts[2], shifts[3]) }
         }));
     }
+
+    // SSM_CONV (test_ssm_conv): d_conv 3 / 4, one to four sequences.
+    for (d_conv, n_t, d_inner, n_s) in [(4i64, 1i64, 96i64, 1i64), (4, 5, 64, 4), (3, 8, 33, 2)] {
+        v.push(spec(
+            format!("ssm_conv d_conv {d_conv} n_t {n_t} d_inner {d_inner} n_s {n_s}"),
+            1e-6,
+            move |c| {
+                let sx = c.input(F32, [d_conv - 1 + n_t, d_inner, n_s, 1]);
+                let w = c.input(F32, [d_conv, d_inner, 1, 1]);
+                // SAFETY: live context and tensors.
+                unsafe { sys::ggml_ssm_conv(c.ctx, sx, w) }
+            },
+        ));
+    }
+    // SSM_SCAN (test_ssm_scan): Mamba-1 (per-state A, head_dim 1) and
+    // Mamba-2 (scalar A per head, groups), states picked by shuffled
+    // sequence ids, K = 1 and 2 (state snapshots).
+    for (d_state, head_dim, n_head, n_group, n_t, n_s, mamba1, k) in [
+        (16i64, 1i64, 64i64, 1i64, 8i64, 2i64, true, 1i64),
+        (32, 16, 4, 2, 8, 3, false, 1),
+        (32, 16, 4, 1, 6, 2, false, 2),
+    ] {
+        v.push(spec(
+            format!(
+                "ssm_scan d_state {d_state} head_dim {head_dim} n_head {n_head} \
+                 n_group {n_group} n_t {n_t} n_s {n_s} mamba1 {mamba1} K {k}"
+            ),
+            1e-5,
+            move |c| {
+                let st = c.input(F32, [d_state, head_dim, n_head, n_s]);
+                let x = c.input(F32, [head_dim, n_head, n_t, n_s]);
+                let dt = c.input(F32, [n_head, n_t, n_s, 1]);
+                let a_ne0 = if mamba1 { d_state } else { 1 };
+                let a = c.tensor(F32, [a_ne0, n_head, 1, 1], Fill::Uniform(-1.0, -0.1));
+                let b = c.input(F32, [d_state, n_group, n_t, n_s]);
+                let cm = c.input(F32, [d_state, n_group, n_t, n_s]);
+                let ids = c.tensor(I32, [n_s, 1, 1, 1], Fill::Rows(n_s));
+                // SAFETY: live context and tensors.
+                unsafe { sys::ggml_ssm_scan(c.ctx, st, x, dt, a, b, cm, ids, k) }
+            },
+        ));
+    }
 }
 
 fn op_name(t: T) -> String {

@@ -1055,3 +1055,81 @@ fn batch2_ops_refuse_what_ggml_cpu_cannot_take() {
         (0..10).map(|i| i as f32).collect::<Vec<_>>()
     );
 }
+
+const OP_SSM_CONV: u32 = 76;
+const OP_SSM_SCAN: u32 = 77;
+
+/// A Mamba-2 SSM_SCAN of 2 sequences, one token, 2 heads of 2, d_state
+/// 4, `ng` groups, states [4, 2, 2, 1] whose `nb[3]` is `st_nb3`, the
+/// sequence ids `ids`; the result (id 8, 40 floats) ends at the buffer's
+/// end.
+fn ssm_scan(c: &mut Client, b: u64, base: u64, ng: u32, ids: &[i32], st_nb3: u32) -> GraphPayload {
+    let mut st = packed(1, F32, [4, 2, 2, 1], b, base, 0);
+    st.nb[3] = st_nb3;
+    let x = packed(2, F32, [2, 2, 1, 2], b, base, 1024);
+    let dt = packed(3, F32, [2, 1, 2, 1], b, base, 2048);
+    let a = packed(4, F32, [1, 2, 1, 1], b, base, 3072);
+    // Strides of one group whatever ng (an empty B / C keeps them).
+    let nb = [4, 16, 16 * ng.max(1), 16 * ng.max(1)];
+    let bm = tensor(5, F32, [4, ng, 1, 2], nb, b, base, 4096);
+    let cm = tensor(6, F32, [4, ng, 1, 2], nb, b, base, 5120);
+    let idx = packed(7, I32, [2, 1, 1, 1], b, base, 6144);
+    c.set_tensor(&idx, 0, &i32_bytes(ids)).unwrap();
+    let mut r = node(
+        at_end(8, F32, [40, 1, 1, 1], b, base),
+        OP_SSM_SCAN,
+        &[1, 2, 3, 4, 5, 6, 7],
+    );
+    r.op_params[0] = 1;
+    one_node(vec![st, x, dt, a, bm, cm, idx, r])
+}
+
+#[test]
+fn ssm_ops_refuse_what_ggml_cpu_cannot_take() {
+    let h = start_ggml();
+    // SSM_CONV: 4 tokens of windows of 4 over rows of 4 (source at the
+    // buffer's end: the last row's windows read 3 floats past it); F16
+    // sources (GGML_ABORT).
+    refused(&h, "ssm_conv windows past the source", |b, base| {
+        let sx = at_end(1, F32, [4, 8, 1, 1], b, base);
+        let w = packed(2, F32, [4, 8, 1, 1], b, base, 0);
+        let r = node(
+            packed(3, F32, [8, 4, 1, 1], b, base, 1024),
+            OP_SSM_CONV,
+            &[1, 2],
+        );
+        one_node(vec![sx, w, r])
+    });
+    refused(&h, "ssm_conv of F16", |b, base| {
+        let sx = packed(1, F16, [4, 8, 1, 1], b, base, 2048);
+        let w = packed(2, F32, [4, 8, 1, 1], b, base, 0);
+        let r = node(
+            packed(3, F32, [8, 1, 1, 1], b, base, 1024),
+            OP_SSM_CONV,
+            &[1, 2],
+        );
+        one_node(vec![sx, w, r])
+    });
+    // SSM_SCAN: a sequence id 2^20 states past src0; 0 groups
+    // (`nh % ng`: SIGFPE); states 1 KiB apart (ne[3] = 1, so
+    // ggml_is_contiguous ignores it) written past the result.
+    refused_with(&h, "ssm_scan sequence id 2^20", |c, b, base| {
+        ssm_scan(c, b, base, 1, &[0, 1 << 20], 64)
+    });
+    refused_with(&h, "ssm_scan of 0 groups", |c, b, base| {
+        ssm_scan(c, b, base, 0, &[0, 0], 64)
+    });
+    refused_with(&h, "ssm_scan states 1 KiB apart", |c, b, base| {
+        ssm_scan(c, b, base, 1, &[0, 0], 1024)
+    });
+    // The valid forms compute.
+    let (mut c, b, base) = session(&h);
+    let g = ssm_scan(&mut c, b, base, 1, &[0, 0], 64);
+    computes(&mut c, "ssm_scan", &g);
+    let g = ssm_scan(&mut c, b, base, 2, &[0, 0], 64);
+    computes(&mut c, "ssm_scan of 2 groups", &g);
+    let sx = packed(1, F32, [4, 8, 1, 1], b, base, 0);
+    let w = packed(2, F32, [4, 8, 1, 1], b, base, 1024);
+    let r = node(at_end(3, F32, [8, 1, 1, 1], b, base), OP_SSM_CONV, &[1, 2]);
+    computes(&mut c, "ssm_conv", &one_node(vec![sx, w, r]));
+}

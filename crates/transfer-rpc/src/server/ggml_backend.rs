@@ -5,8 +5,8 @@
 //! [`crate::validate::op_shapes`], asks ggml whether it supports every
 //! node, write-locks every buffer the graph touches, rebuilds the tensors
 //! in a no-alloc ggml context pointing into those buffers, and runs the
-//! nodes. Every index tensor (GET_ROWS, SET_ROWS, ADD_ID and MUL_MAT_ID
-//! read rows or experts by tensor data) is range-checked in the
+//! nodes. Every index tensor (GET_ROWS, SET_ROWS, ADD_ID, MUL_MAT_ID and
+//! SSM_SCAN read rows, experts or states by tensor data) is range-checked in the
 //! locked memory on every execution (GRAPH_COMPUTE and GRAPH_RECOMPUTE
 //! alike): those no node writes before the first node runs; those an
 //! earlier node may write (computed indices) split the graph: the nodes

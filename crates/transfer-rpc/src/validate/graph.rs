@@ -16,7 +16,8 @@ use std::collections::{HashMap, HashSet};
 
 use super::ops::{
     GGML_GLU_OP_COUNT, GGML_OP_ADD_ID, GGML_OP_COUNT, GGML_OP_GET_ROWS, GGML_OP_GLU,
-    GGML_OP_MUL_MAT_ID, GGML_OP_SET_ROWS, GGML_OP_UNARY, GGML_UNARY_OP_COUNT, is_custom,
+    GGML_OP_MUL_MAT_ID, GGML_OP_SET_ROWS, GGML_OP_SSM_SCAN, GGML_OP_UNARY, GGML_UNARY_OP_COUNT,
+    is_custom,
 };
 use super::tensor::{BufferLookup, CheckedTensor, check_tensor, check_view};
 use super::types::{GGML_TYPE_F16, GGML_TYPE_F32, GGML_TYPE_I32, GGML_TYPE_I64};
@@ -192,6 +193,7 @@ pub fn validate_graph(
             GGML_OP_GET_ROWS => check_get_rows(&g.tensors, n, &srcs[n])?,
             GGML_OP_SET_ROWS => check_set_rows(&g.tensors, n, &srcs[n])?,
             GGML_OP_ADD_ID | GGML_OP_MUL_MAT_ID => check_expert_ids(&g.tensors, n, &srcs[n])?,
+            GGML_OP_SSM_SCAN => check_sequence_ids(&g.tensors, &srcs[n])?,
             _ => continue,
         };
         if writes.written_before(&checked[ix], pos) {
@@ -284,12 +286,13 @@ impl WrittenExtents {
 
 /// The source slot holding the indices of an index op: GET_ROWS (rows of
 /// src0) and SET_ROWS (rows of the result) read them from src1; ADD_ID
-/// (rows of src1) and MUL_MAT_ID (matrices of src0) from src2. `None` for
-/// every other op.
+/// (rows of src1) and MUL_MAT_ID (matrices of src0) from src2; SSM_SCAN
+/// (states of src0) from src6. `None` for every other op.
 pub fn index_slot(op: u32) -> Option<usize> {
     match op {
         GGML_OP_GET_ROWS | GGML_OP_SET_ROWS => Some(1),
         GGML_OP_ADD_ID | GGML_OP_MUL_MAT_ID => Some(2),
+        GGML_OP_SSM_SCAN => Some(6),
         _ => None,
     }
 }
@@ -301,6 +304,7 @@ fn row_bound(ts: &[RpcTensor], n: usize, s: &[Option<usize>; MAX_SRC]) -> i64 {
         GGML_OP_GET_ROWS => ne(0, 1),
         GGML_OP_ADD_ID => ne(1, 1),
         GGML_OP_MUL_MAT_ID => ne(0, 2),
+        GGML_OP_SSM_SCAN => ne(0, 3),
         _ => i64::from(ts[n].ne[1]),
     }
 }
@@ -495,6 +499,18 @@ fn check_expert_ids(ts: &[RpcTensor], n: usize, s: &[Option<usize>; MAX_SRC]) ->
     get(ts, s[0])?;
     get(ts, s[1])?;
     s[2].ok_or_else(|| RpcError::refused(CALL, "missing source"))
+}
+
+/// SSM_SCAN: src6 holds I32 sequence ids, the states of src0 (its
+/// `ne[3]`) each sequence starts from (ggml_ssm_scan); the rest of the
+/// shape rules are the op rules' (`op_shapes_more`).
+fn check_sequence_ids(ts: &[RpcTensor], s: &[Option<usize>; MAX_SRC]) -> Result<usize> {
+    let ids = get(ts, s[6])?;
+    if ids.ty != GGML_TYPE_I32 {
+        return refuse("ssm_scan sequence ids must be I32");
+    }
+    get(ts, s[0])?;
+    s[6].ok_or_else(|| RpcError::refused(CALL, "missing source"))
 }
 
 /// Reads an index tensor from memory and checks `0 <= index < bound`.

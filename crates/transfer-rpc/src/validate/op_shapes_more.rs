@@ -28,6 +28,8 @@ pub(super) const OP_TIMESTEP_EMBEDDING: u32 = 68;
 pub(super) const OP_LEAKY_RELU: u32 = 71;
 pub(super) const OP_TRI: u32 = 72;
 pub(super) const OP_FILL: u32 = 73;
+pub(super) const OP_SSM_CONV: u32 = 76;
+pub(super) const OP_SSM_SCAN: u32 = 77;
 
 fn type_size(ty: u32) -> u64 {
     type_info(ty).map_or(0, |i| i.type_size)
@@ -44,6 +46,8 @@ pub(super) fn check(r: &RpcTensor, s: &[Option<&RpcTensor>; MAX_SRC]) -> Option<
         OP_ARANGE => check_arange(r),
         OP_ADD1 => check_add1(r, s),
         OP_COUNT_EQUAL => check_count_equal(r, s),
+        OP_SSM_CONV => check_ssm_conv(r, s),
+        OP_SSM_SCAN => check_ssm_scan(r, s),
         op => {
             let f: fn(&RpcTensor, &RpcTensor) -> Result<()> = match op {
                 OP_LOG | OP_SIN | OP_COS => check_unary_op,
@@ -323,6 +327,113 @@ fn check_tri(r: &RpcTensor, a: &RpcTensor) -> Result<()> {
 fn check_fill(r: &RpcTensor, a: &RpcTensor) -> Result<()> {
     if !matches!(a.ty, GGML_TYPE_F32 | GGML_TYPE_F16) || r.ty != a.ty || !nb0_is_element(r) {
         return refuse(r.op, "fill shapes/types");
+    }
+    Ok(())
+}
+
+/// Packed rows: `nb[0]` the F32 element, `nb[1]` one row of `ne[0]`.
+fn f32_rows_packed(t: &RpcTensor) -> bool {
+    t.ty == GGML_TYPE_F32 && t.nb[0] == 4 && u64::from(t.nb[1]) == 4 * u64::from(t.ne[0])
+}
+
+const INT_MAX: u64 = i32::MAX as u64;
+
+/// SSM_CONV: `_ssm_conv_f32` (F32 src0 only, GGML_ABORT otherwise).
+fn check_ssm_conv(r: &RpcTensor, s: &[Option<&RpcTensor>; MAX_SRC]) -> Result<()> {
+    let op = r.op;
+    let (Some(a), Some(c)) = (s[0], s[1]) else {
+        return refuse(op, "ssm_conv needs two sources");
+    };
+    // nc = d_conv = c->ne[0], ncs = a->ne[0], nr = d_inner = a->ne[1],
+    // n_t = dst->ne[1], n_s = dst->ne[2]. GGML_ASSERT(dst->ne[0] == nr),
+    // a->nb[0] == c->nb[0] == 4, a->nb[1] == ncs * 4. For token i2 of
+    // sequence i3 it reads a at `i3 * nb02 + i2 * 4 + (i0 + i1 * ncs) *
+    // 4` (i0 < nc, i1 < nr): windows inside a when n_t + nc - 1 <= ncs
+    // and n_s <= a->ne[2]; c at `(i0 + i1 * nc) * 4` (packed rows of nc);
+    // dst at `i1 * 4 + i2 * nb1 + i3 * nb2`. Those flat offsets are ints.
+    let (nc, ncs, nr) = (u64::from(c.ne[0]), u64::from(a.ne[0]), u64::from(a.ne[1]));
+    let (n_t, n_s) = (u64::from(r.ne[1]), u64::from(r.ne[2]));
+    let shapes_ok = u64::from(r.ne[0]) == nr
+        && u64::from(c.ne[1]) >= nr
+        && n_s <= u64::from(a.ne[2])
+        && nc >= 1
+        && n_t + nc - 1 <= ncs;
+    if !f32_rows_packed(a)
+        || !f32_rows_packed(c)
+        || r.ty != GGML_TYPE_F32
+        || r.nb[0] != 4
+        || !shapes_ok
+        || ncs * nr > INT_MAX
+        || nc * nr > INT_MAX
+    {
+        return refuse(op, "ssm_conv shapes/types");
+    }
+    Ok(())
+}
+
+/// SSM_SCAN: `_ssm_scan_f32` (F32 src0 only, GGML_ABORT otherwise). Its
+/// sequence ids (src6) are range-checked at run time against src0's
+/// `ne[3]` states (graph.rs), like GET_ROWS indices.
+fn check_ssm_scan(r: &RpcTensor, s: &[Option<&RpcTensor>; MAX_SRC]) -> Result<()> {
+    let op = r.op;
+    let (Some(st), Some(x), Some(dt), Some(am), Some(b), Some(c), Some(ids)) =
+        (s[0], s[1], s[2], s[3], s[4], s[5], s[6])
+    else {
+        return refuse(op, "ssm_scan needs seven sources");
+    };
+    let ne = |t: &RpcTensor, d: usize| u64::from(t.ne[d]);
+    let (nc, nr, nh) = (ne(st, 0), ne(st, 1), ne(st, 2));
+    let (nt, ns, ng) = (ne(x, 2), ne(x, 3), ne(b, 1));
+    let k = i64::from(r.op_params[0]);
+    // GGML_ASSERT: K >= 1, every nb[0] the element size, nh % ng == 0 (ng
+    // 0 divides by zero), src3->ne[0] == 1 || K == 1, and
+    // nelements(x) + K * nc * nr * nh * ns == nelements(dst).
+    // ggml_ssm_scan's shapes: x [nr, nh, nt, ns], dt [nh, nt, ns], A [1 or
+    // nc, nh], B and C [nc, ng, nt, ns], ids [ns] I32; all F32.
+    let all_f32 = [st, x, dt, am, b, c].iter().all(|t| t.ty == GGML_TYPE_F32);
+    let state = nc.saturating_mul(nr).saturating_mul(nh);
+    let shapes_ok = ne(x, 0) == nr
+        && ne(x, 1) == nh
+        && dt.ne == [x.ne[1], x.ne[2], x.ne[3], 1]
+        && (ne(am, 0) == 1 || (ne(am, 0) == nc && k == 1))
+        && ne(am, 1) == nh
+        && am.ne[2] == 1
+        && am.ne[3] == 1
+        && b.ne == c.ne
+        && ne(b, 0) == nc
+        && ne(b, 2) == nt
+        && ne(b, 3) == ns
+        && ng >= 1
+        && nh % ng == 0
+        && ids.ty == GGML_TYPE_I32
+        && ids.nb[0] == 4
+        && ne(ids, 0) == ns
+        && ids.ne[1..] == [1, 1, 1];
+    let want = (k >= 1)
+        .then(|| nelements(x).saturating_add(state.saturating_mul(ns).saturating_mul(k as u64)));
+    if !all_f32 || r.ty != GGML_TYPE_F32 || !shapes_ok || want != Some(nelements(r)) {
+        return refuse(op, "ssm_scan shapes/types");
+    }
+    // Layouts the kernel walks flat: the state of sequence ids[i3] as nc *
+    // nr * nh packed floats at `ids[i3] * nb03` (and the result's states
+    // at `i3 * nb03`, snapshots at `(slot * ns + i3) * nb03 + h * nb02`,
+    // past the y part); x rows `ii = i1 + h * nr` packed per (token,
+    // sequence); dt[h]; A[h] or A[i0 + h * nc] from A's start; B and C at
+    // `i0 + g * nc`; y written at `(ii + (i2 + i3 * nt) * nh * nr) * 4`.
+    // So the result is one packed run, and `ii * nc + i0` (an int) fits.
+    let st_packed = is_contiguous(st) && u64::from(st.nb[3]) == 4 * state;
+    let x_packed = x.nb[0] == 4 && u64::from(x.nb[1]) == 4 * nr;
+    let dt_rows = dt.nb[0] == 4;
+    if !st_packed
+        || !x_packed
+        || !dt_rows
+        || !is_contiguous(am)
+        || !f32_rows_packed(b)
+        || !f32_rows_packed(c)
+        || !is_contiguous(r)
+        || state > INT_MAX
+    {
+        return refuse(op, "ssm_scan layouts");
     }
     Ok(())
 }

@@ -20,6 +20,8 @@ pub const GGML_OP_TRANSPOSE: u32 = 39;
 pub const GGML_OP_GET_ROWS: u32 = 40;
 /// `GGML_OP_SET_ROWS`.
 pub const GGML_OP_SET_ROWS: u32 = 42;
+/// `GGML_OP_SSM_SCAN`.
+pub const GGML_OP_SSM_SCAN: u32 = 77;
 /// `GGML_OP_UNARY`.
 pub const GGML_OP_UNARY: u32 = 91;
 /// `GGML_OP_MAP_CUSTOM1`.
