@@ -1,12 +1,18 @@
 """Type stubs of the native half of `transfer` (import from `transfer`)."""
 
 from collections.abc import Generator, Iterable, Sequence
-from typing import Any, Literal, final
+from typing import Any, Literal, Protocol, final
 
 from typing_extensions import Buffer
 
-_Bytes = bytes | bytearray | memoryview | Buffer
-_Pages = Buffer | Sequence[int]
+class _ArrayLike(Protocol):
+    """numpy arrays (whose stubs declare the buffer protocol on 3.12+ only)."""
+
+    @property
+    def __array_interface__(self) -> dict[str, Any]: ...
+
+_Bytes = bytes | bytearray | memoryview | Buffer | _ArrayLike
+_Pages = Buffer | _ArrayLike | Sequence[int]
 _RawMemory = tuple[int, int, str | None]
 
 @final
@@ -100,7 +106,7 @@ class Engine:
     @property
     def closed(self) -> bool: ...
     def connect(self, address: _Bytes) -> Peer: ...
-    def register(self, obj: Buffer | _RawMemory, *, owner: object | None = None) -> Region:
+    def register(self, obj: Buffer | _ArrayLike | _RawMemory, *, owner: object | None = None) -> Region:
         """Registers a writable C-contiguous buffer (numpy, bytearray,
         memoryview) or `(ptr, nbytes, "cpu")` memory the caller keeps valid."""
     def write(
