@@ -265,3 +265,36 @@ def test_take_imm_polling(engine: Any, peer: Peer, imm: int) -> None:
     assert engine.take_imm(imm, 2) == 2
     assert engine.take_imm(imm, 5) == 1
     assert engine.imm_dropped == 0
+
+
+def test_threads_submit_concurrently(engine: Any, peer: Peer, imm: int) -> None:
+    """Many Python threads share one engine; every byte lands."""
+    import threading
+
+    threads, writes, chunk = 4, 25, 2048
+    idx, dst = remote(engine, peer, threads * writes * chunk)
+    data = random_bytes(threads * writes * chunk, 21)
+    src = engine.register(data)
+    errors: list[BaseException] = []
+
+    def worker(t: int) -> None:
+        try:
+            pending = []
+            for w in range(writes):
+                off = (t * writes + w) * chunk
+                pending.append(engine.write(src, dst, src_offset=off, dst_offset=off,
+                                            nbytes=chunk, imm=imm))
+            for p in pending:
+                p.wait(TIMEOUT)
+        except BaseException as e:
+            errors.append(e)
+
+    ths = [threading.Thread(target=worker, args=(t,)) for t in range(threads)]
+    for th in ths:
+        th.start()
+    for th in ths:
+        th.join()
+    assert not errors, errors
+    per_write = peer.call("expected_imms", nbytes=chunk)
+    peer.call("wait_imm", imm, threads * writes * per_write, TIMEOUT)
+    assert peer.call("read", idx) == data.tobytes()
