@@ -19,17 +19,19 @@ PEER_TIMEOUT = 2.0
 CALL_TIMEOUT = 60.0
 
 
-def open_engine(provider: str) -> Any:
+def open_engine(provider: str, nics: int = 1) -> Any:
     import transfer
 
-    return transfer.Engine(provider=provider, bind="127.0.0.1", peer_timeout=PEER_TIMEOUT)
+    return transfer.Engine(
+        provider=provider, nics=nics, bind="127.0.0.1", peer_timeout=PEER_TIMEOUT
+    )
 
 
 class _Server:
     """Runs in the child."""
 
-    def __init__(self, provider: str) -> None:
-        self.engine = open_engine(provider)
+    def __init__(self, provider: str, nics: int) -> None:
+        self.engine = open_engine(provider, nics)
         self.arrays: list[np.ndarray] = []
         self.regions: list[Any] = []
         self.remotes: list[Any] = []
@@ -92,9 +94,9 @@ class _Server:
         return self.engine.imm_value(imm)
 
 
-def _serve(conn: Any, provider: str) -> None:
+def _serve(conn: Any, provider: str, nics: int) -> None:
     try:
-        server = _Server(provider)
+        server = _Server(provider, nics)
     except BaseException as e:  # reported to the test, which fails with it
         conn.send(("err", f"{type(e).__name__}: {e}"))
         return
@@ -128,10 +130,10 @@ class PeerError(Exception):
 class Peer:
     """The test side of a peer process."""
 
-    def __init__(self, provider: str) -> None:
+    def __init__(self, provider: str, nics: int = 1) -> None:
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(child, provider), daemon=True)
+        self.proc = ctx.Process(target=_serve, args=(child, provider, nics), daemon=True)
         self.proc.start()
         child.close()
         status, value = self._reply(CALL_TIMEOUT)
