@@ -840,6 +840,7 @@ fn cases() -> Vec<Spec> {
     more_existing_op_cases(&mut v);
     new_op_cases(&mut v);
     batch2_op_cases(&mut v);
+    vision_op_cases(&mut v);
     v
 }
 
@@ -1781,6 +1782,156 @@ fn batch2_op_cases(v: &mut Vec<Spec>) {
             },
         ));
     }
+}
+
+/// Issue 11, vision-encoder ops: IM2COL, CONV_2D_DW (WHCN and CWHN
+/// layouts), POOL_1D, POOL_2D, UPSCALE in every mode and flag
+/// (test-backend-ops' test_im2col, test_conv_2d_dw, test_pool1d,
+/// test_pool2d, test_upscale(_ext), test_interpolate, smaller).
+fn vision_op_cases(v: &mut Vec<Spec>) {
+    // IM2COL 2D: kernel type, image type, dst type, image, kernel, s, p, d.
+    type Im2col = (
+        sys::ggml_type,
+        sys::ggml_type,
+        sys::ggml_type,
+        [i64; 4],
+        [i64; 4],
+        i32,
+        i32,
+        i32,
+    );
+    let im2col: [Im2col; 6] = [
+        (F32, F32, F32, [10, 10, 3, 1], [3, 3, 3, 1], 1, 1, 1),
+        (F16, F32, F16, [10, 10, 3, 1], [3, 3, 3, 1], 1, 1, 1),
+        (F16, F16, F16, [10, 10, 3, 1], [3, 3, 3, 1], 1, 1, 1),
+        (F32, F32, F32, [12, 9, 4, 2], [3, 2, 4, 5], 2, 0, 1),
+        (F16, F32, F32, [20, 20, 2, 1], [3, 3, 2, 1], 2, 1, 2),
+        (F32, F32, F16, [14, 7, 3, 2], [5, 3, 3, 1], 1, 2, 1),
+    ];
+    for (kt, it, dt, ine, kne, st, pad, dil) in im2col {
+        v.push(spec(
+            format!(
+                "im2col 2D kernel {kt} image {it} dst {dt} {ine:?} {kne:?} s {st} p {pad} d {dil}"
+            ),
+            1e-6,
+            move |c| {
+                let k = c.input(kt, kne);
+                let i = c.input(it, ine);
+                // SAFETY: live context and tensors.
+                unsafe { sys::ggml_im2col(c.ctx, k, i, st, st, pad, pad, dil, dil, true, dt) }
+            },
+        ));
+    }
+    // IM2COL 1D (whisper's conv1d): image [L, IC, N], kernel [K, IC, OC].
+    for (dt, l, ic, n, st, pad) in [(F32, 30i64, 16i64, 1i64, 1, 1), (F16, 33, 8, 2, 2, 0)] {
+        v.push(spec(
+            format!("im2col 1D dst {dt} L {l} IC {ic} N {n} s {st} p {pad}"),
+            1e-6,
+            move |c| {
+                let k = c.input(F16, [3, ic, 12, 1]);
+                let i = c.input(F32, [l, ic, n, 1]);
+                // SAFETY: live context and tensors.
+                unsafe { sys::ggml_im2col(c.ctx, k, i, st, 0, pad, 0, 1, 0, false, dt) }
+            },
+        ));
+    }
+    // CONV_2D_DW: image, kernel, stride, pad, dilation, channels-last.
+    type Dw = ([i64; 4], [i64; 4], i32, i32, i32, bool, sys::ggml_type);
+    let dw: [Dw; 6] = [
+        ([17, 34, 9, 1], [3, 3, 1, 9], 1, 0, 1, false, F32),
+        ([17, 34, 9, 1], [3, 3, 1, 9], 1, 0, 1, true, F32),
+        ([32, 8, 64, 1], [3, 3, 1, 64], 2, 1, 1, false, F32),
+        ([32, 8, 64, 1], [3, 3, 1, 64], 2, 1, 1, true, F32),
+        ([11, 13, 5, 2], [5, 3, 1, 5], 1, 2, 2, false, F16),
+        ([11, 13, 5, 2], [5, 3, 1, 5], 1, 2, 2, true, F16),
+    ];
+    for (ine, kne, st, pad, dil, cwhn, kt) in dw {
+        v.push(spec(
+            format!("conv_2d_dw {ine:?} kernel {kne:?} {kt} s {st} p {pad} d {dil} cwhn {cwhn}"),
+            1e-5,
+            move |c| {
+                let mut i = c.input(F32, ine);
+                let mut k = c.input(kt, kne);
+                // SAFETY: live context and tensors.
+                unsafe {
+                    if cwhn {
+                        // Channels-most-contiguous memory, permuted back
+                        // to [W, H, C, N] (test_conv_2d_dw).
+                        i = sys::ggml_cont(c.ctx, sys::ggml_permute(c.ctx, i, 1, 2, 0, 3));
+                        i = sys::ggml_permute(c.ctx, i, 2, 0, 1, 3);
+                        k = sys::ggml_cont(c.ctx, sys::ggml_permute(c.ctx, k, 2, 3, 1, 0));
+                        k = sys::ggml_permute(c.ctx, k, 3, 2, 0, 1);
+                    }
+                    sys::ggml_conv_2d_dw_direct(c.ctx, k, i, st, st, pad, pad, dil, dil)
+                }
+            },
+        ));
+    }
+    // POOL_1D / POOL_2D: both pool types, windows 1 and 3, strides 1 and
+    // 2, pads 0 and 1.
+    let pools = [sys::GGML_OP_POOL_MAX, sys::GGML_OP_POOL_AVG];
+    for op in pools {
+        for (k, st, pad) in [(1, 1, 0), (1, 2, 1), (3, 1, 0), (3, 2, 1)] {
+            v.push(spec(
+                format!("pool_1d op {op} k {k} s {st} p {pad}"),
+                1e-6,
+                move |c| {
+                    let a = c.input(F32, [10, 3, 2, 1]);
+                    // SAFETY: live context and tensor.
+                    unsafe { sys::ggml_pool_1d(c.ctx, a, op, k, st, pad) }
+                },
+            ));
+        }
+        for (ty, k0, k1, s0, s1, p0, p1) in [
+            (F32, 3, 3, 1, 1, 0, 0),
+            (F32, 3, 1, 2, 1, 1, 0),
+            (F32, 1, 3, 1, 2, 0, 1),
+            (F32, 3, 3, 2, 2, 1, 1),
+            (F16, 3, 3, 2, 1, 1, 0),
+        ] {
+            v.push(spec(
+                format!("pool_2d op {op} {ty} k {k0}x{k1} s {s0}x{s1} p {p0}x{p1}"),
+                1e-3,
+                move |c| {
+                    let a = c.input(ty, [10, 10, 3, 2]);
+                    // SAFETY: live context and tensor.
+                    unsafe { sys::ggml_pool_2d(c.ctx, a, op, k0, k1, s0, s1, p0 as f32, p1 as f32) }
+                },
+            ));
+        }
+    }
+    // UPSCALE: every mode, with and without ALIGN_CORNERS, up and down,
+    // dims 2 and 3 too; bilinear ANTIALIAS; a scale factor 2 (test_upscale).
+    let nearest = sys::GGML_SCALE_MODE_NEAREST;
+    let bilinear = sys::GGML_SCALE_MODE_BILINEAR;
+    let bicubic = sys::GGML_SCALE_MODE_BICUBIC;
+    let align = sys::GGML_SCALE_FLAG_ALIGN_CORNERS;
+    let aa = sys::GGML_SCALE_FLAG_ANTIALIAS;
+    let mut upscale = Vec::new();
+    for mode in [nearest, bilinear, bicubic] {
+        for flags in [0, align] {
+            upscale.push((mode | flags, [2i64, 5, 7, 11], [5i64, 7, 11, 13]));
+            upscale.push((mode | flags, [5, 7, 11, 13], [2, 5, 7, 11]));
+        }
+    }
+    upscale.push((bilinear | aa, [16, 12, 3, 1], [7, 5, 3, 1]));
+    upscale.push((bilinear | aa, [6, 4, 3, 1], [13, 9, 3, 1]));
+    for (mode, ine, out) in upscale {
+        v.push(spec(
+            format!("upscale mode {mode:#x} {ine:?} to {out:?}"),
+            1e-5,
+            move |c| {
+                let a = c.input(F32, ine);
+                // SAFETY: live context and tensor.
+                unsafe { sys::ggml_interpolate(c.ctx, a, out[0], out[1], out[2], out[3], mode) }
+            },
+        ));
+    }
+    v.push(spec("upscale by 2, nearest".into(), 1e-6, move |c| {
+        let a = c.input(F32, [8, 5, 3, 2]);
+        // SAFETY: live context and tensor.
+        unsafe { sys::ggml_upscale(c.ctx, a, 2, nearest) }
+    }));
 }
 
 fn op_name(t: T) -> String {

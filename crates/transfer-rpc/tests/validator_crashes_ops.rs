@@ -1133,3 +1133,126 @@ fn ssm_ops_refuse_what_ggml_cpu_cannot_take() {
     let r = node(at_end(3, F32, [8, 1, 1, 1], b, base), OP_SSM_CONV, &[1, 2]);
     computes(&mut c, "ssm_conv", &one_node(vec![sx, w, r]));
 }
+
+const OP_IM2COL: u32 = 52;
+const OP_CONV_2D_DW: u32 = 58;
+const OP_POOL_1D: u32 = 60;
+const OP_POOL_2D: u32 = 61;
+const OP_UPSCALE: u32 = 63;
+
+/// A 2D IM2COL of a [3, 3, 3] kernel over an image [4, 4, 3] (stride,
+/// pad, dilation 1) into `r`.
+fn im2col(image: RpcTensor, r: RpcTensor, b: u64, base: u64) -> GraphPayload {
+    let k = packed(1, F32, [3, 3, 3, 1], b, base, 0);
+    let mut r = node(r, OP_IM2COL, &[1, 2]);
+    r.op_params[..7].copy_from_slice(&[1, 1, 1, 1, 1, 1, 1]);
+    one_node(vec![k, image, r])
+}
+
+/// A CONV_2D_DW of a [3, 3, 1, kc] kernel over an image [6, 6, 4]
+/// (stride, pad, dilation 1) into `r`.
+fn conv_2d_dw(kc: u32, image: RpcTensor, r: RpcTensor, b: u64, base: u64) -> GraphPayload {
+    let k = packed(1, F32, [3, 3, 1, kc], b, base, 0);
+    let mut r = node(r, OP_CONV_2D_DW, &[1, 2]);
+    r.op_params[..6].copy_from_slice(&[1, 1, 1, 1, 1, 1]);
+    one_node(vec![k, image, r])
+}
+
+#[test]
+fn vision_ops_refuse_what_ggml_cpu_cannot_take() {
+    let h = start_ggml();
+    // IM2COL: a result one column wide at the buffer's end (the kernel
+    // writes IC * KH * KW = 27 per output position: 1.7 KiB past it); an
+    // image of 16 x 16 with rows 4 bytes apart (read as packed rows: 900
+    // bytes past its end); a BF16 result (GGML_ABORT).
+    refused(&h, "im2col result narrower than its columns", |b, base| {
+        let i = packed(2, F32, [4, 4, 3, 1], b, base, 1024);
+        im2col(i, at_end(3, F32, [1, 4, 4, 1], b, base), b, base)
+    });
+    refused(&h, "im2col of overlapping image rows", |b, base| {
+        let i = tensor(2, F32, [16, 16, 3, 1], [4, 4, 124, 372], b, base, BUF - 372);
+        im2col(i, packed(3, F32, [27, 16, 16, 1], b, base, 4096), b, base)
+    });
+    refused(&h, "im2col into BF16", |b, base| {
+        let i = packed(2, F32, [4, 4, 3, 1], b, base, 1024);
+        im2col(i, packed(3, BF16, [27, 4, 4, 1], b, base, 2048), b, base)
+    });
+    // CONV_2D_DW: a result of one channel of four at the buffer's end
+    // (the WHCN path writes 4 planes of 36 floats: 432 bytes past it); a
+    // kernel of 3 channels (GGML_ASSERT); an image with dims 0 and 1
+    // swapped (neither layout: GGML_ABORT).
+    refused(&h, "conv_2d_dw result of one channel of four", |b, base| {
+        let i = packed(2, F32, [6, 6, 4, 1], b, base, 1024);
+        conv_2d_dw(4, i, at_end(3, F32, [6, 6, 1, 1], b, base), b, base)
+    });
+    refused(&h, "conv_2d_dw kernel of 3 channels", |b, base| {
+        let i = packed(2, F32, [6, 6, 4, 1], b, base, 1024);
+        conv_2d_dw(3, i, packed(3, F32, [6, 6, 4, 1], b, base, 4096), b, base)
+    });
+    refused(&h, "conv_2d_dw of a transposed image", |b, base| {
+        let i = tensor(2, F32, [6, 6, 4, 1], [24, 4, 144, 576], b, base, 1024);
+        conv_2d_dw(4, i, packed(3, F32, [6, 6, 4, 1], b, base, 4096), b, base)
+    });
+    // POOL_1D: a result of one row for 8 (rows written at ir * nb1: 224
+    // bytes past it); POOL_COUNT (GGML_ABORT).
+    let pool_1d = |op: i32, r: RpcTensor, b, base| {
+        let a = packed(1, F32, [8, 8, 1, 1], b, base, 0);
+        let mut r = node(r, OP_POOL_1D, &[1]);
+        r.op_params[..4].copy_from_slice(&[op, 1, 1, 0]);
+        one_node(vec![a, r])
+    };
+    refused(&h, "pool_1d result of one row for 8", |b, base| {
+        let mut r = at_end(2, F32, [8, 1, 1, 1], b, base);
+        r.nb[1] = 32;
+        pool_1d(0, r, b, base)
+    });
+    refused(&h, "pool_1d POOL_COUNT", |b, base| {
+        pool_1d(2, packed(2, F32, [8, 8, 1, 1], b, base, 1024), b, base)
+    });
+    // POOL_2D: a one-plane source with nb[2] = 4 (ggml_is_contiguous
+    // ignores it; the kernel walks 16 planes: 960 bytes past the result);
+    // POOL_COUNT (GGML_ABORT).
+    let pool_2d = |op: i32, nb2: u32, r: RpcTensor, b, base| {
+        let a = tensor(1, F32, [4, 4, 1, 1], [4, 16, nb2, 64], b, base, 0);
+        let mut r = node(r, OP_POOL_2D, &[1]);
+        r.op_params[..7].copy_from_slice(&[op, 1, 1, 1, 1, 0, 0]);
+        one_node(vec![a, r])
+    };
+    refused(&h, "pool_2d planes 4 bytes apart", |b, base| {
+        pool_2d(0, 4, at_end(2, F32, [4, 4, 1, 1], b, base), b, base)
+    });
+    refused(&h, "pool_2d POOL_COUNT", |b, base| {
+        pool_2d(2, 64, packed(2, F32, [4, 4, 1, 1], b, base, 1024), b, base)
+    });
+    // UPSCALE: mode 3 (GGML_ABORT); an F16 source (GGML_ABORT).
+    let upscale = |mode: i32, a: RpcTensor, b, base| {
+        let mut r = node(
+            packed(2, F32, [8, 8, 1, 1], b, base, 1024),
+            OP_UPSCALE,
+            &[1],
+        );
+        r.op_params[0] = mode;
+        one_node(vec![a, r])
+    };
+    refused(&h, "upscale mode 3", |b, base| {
+        upscale(3, packed(1, F32, [4, 4, 1, 1], b, base, 0), b, base)
+    });
+    refused(&h, "upscale of F16", |b, base| {
+        upscale(1, packed(1, F16, [4, 4, 1, 1], b, base, 0), b, base)
+    });
+    // The valid forms compute.
+    let (mut c, b, base) = session(&h);
+    let i = packed(2, F32, [4, 4, 3, 1], b, base, 1024);
+    let g = im2col(i, at_end(3, F32, [27, 4, 4, 1], b, base), b, base);
+    computes(&mut c, "im2col", &g);
+    let i = packed(2, F32, [6, 6, 4, 1], b, base, 1024);
+    let g = conv_2d_dw(4, i, at_end(3, F32, [6, 6, 4, 1], b, base), b, base);
+    computes(&mut c, "conv_2d_dw", &g);
+    let g = pool_1d(1, at_end(2, F32, [8, 8, 1, 1], b, base), b, base);
+    computes(&mut c, "pool_1d", &g);
+    let g = pool_2d(1, 64, at_end(2, F32, [4, 4, 1, 1], b, base), b, base);
+    computes(&mut c, "pool_2d", &g);
+    let g = upscale(2, packed(1, F32, [4, 4, 1, 1], b, base, 0), b, base);
+    computes(&mut c, "upscale", &g);
+    assert_eq!(read(&mut c, &g.tensors[1], 1).len(), 1);
+}

@@ -7,6 +7,7 @@ pub mod graph;
 pub mod op_shapes;
 pub mod op_shapes_ext;
 mod op_shapes_more;
+mod op_shapes_vision;
 pub mod ops;
 pub mod tensor;
 pub mod types;

@@ -59,7 +59,7 @@ pub(super) fn check(r: &RpcTensor, s: &[Option<&RpcTensor>; MAX_SRC]) -> Option<
                 OP_LEAKY_RELU => check_leaky_relu,
                 OP_TRI => check_tri,
                 OP_FILL => check_fill,
-                _ => return None,
+                _ => return super::op_shapes_vision::check(r, s),
             };
             match s[0] {
                 Some(a) => f(r, a),

@@ -1,0 +1,291 @@
+//! Op rules for the vision-encoder ops of issue 11: IM2COL, CONV_2D_DW,
+//! POOL_1D, POOL_2D and UPSCALE (all modes and flags). As in
+//! `op_shapes.rs`, each rule is what the op's ggml-cpu kernel (ops.cpp of
+//! the vendored llama.cpp) asserts, aborts on, or needs to stay inside
+//! its tensors; none of these kernels uses the graph plan's work buffer.
+
+use super::op_shapes::{flat_walk, is_contiguous, nelements, refuse, rows_contiguous};
+use super::types::{GGML_TYPE_F16, GGML_TYPE_F32, type_info};
+use crate::error::Result;
+use crate::protocol::tensor::{MAX_SRC, RpcTensor};
+
+/// `GGML_OP_*` of the ops checked here.
+pub(super) const OP_IM2COL: u32 = 52;
+pub(super) const OP_CONV_2D_DW: u32 = 58;
+pub(super) const OP_POOL_1D: u32 = 60;
+pub(super) const OP_POOL_2D: u32 = 61;
+pub(super) const OP_UPSCALE: u32 = 63;
+
+/// `GGML_OP_POOL_MAX`, `GGML_OP_POOL_AVG` (`GGML_OP_POOL_COUNT` aborts).
+const POOL_MAX: i32 = 0;
+const POOL_AVG: i32 = 1;
+/// `GGML_SCALE_MODE_BICUBIC` (NEAREST 0, BILINEAR 1), the flags.
+const SCALE_MODE_BILINEAR: i32 = 1;
+const SCALE_MODE_BICUBIC: i32 = 2;
+const SCALE_FLAG_ALIGN_CORNERS: i32 = 1 << 8;
+const SCALE_FLAG_ANTIALIAS: i32 = 1 << 9;
+
+fn type_size(ty: u32) -> u64 {
+    type_info(ty).map_or(0, |i| i.type_size)
+}
+
+fn ne(t: &RpcTensor, d: usize) -> i64 {
+    i64::from(t.ne[d])
+}
+
+/// Checks one node of an op of this module; `None` for other ops.
+pub(super) fn check(r: &RpcTensor, s: &[Option<&RpcTensor>; MAX_SRC]) -> Option<Result<()>> {
+    let checked = match r.op {
+        OP_IM2COL | OP_CONV_2D_DW => match (s[0], s[1]) {
+            (Some(a), Some(b)) if r.op == OP_IM2COL => check_im2col(r, a, b),
+            (Some(a), Some(b)) => check_conv_2d_dw(r, a, b),
+            _ => refuse(r.op, "needs two sources"),
+        },
+        OP_POOL_1D | OP_POOL_2D | OP_UPSCALE => match s[0] {
+            Some(a) if r.op == OP_POOL_1D => check_pool_1d(r, a),
+            Some(a) if r.op == OP_POOL_2D => check_pool_2d(r, a),
+            Some(a) => check_upscale(r, a),
+            None => refuse(r.op, "missing source 0"),
+        },
+        _ => return None,
+    };
+    Some(checked)
+}
+
+/// IM2COL: `ggml_compute_forward_im2col_{f32,f16}` by dst's type
+/// (GGML_ABORT otherwise): F32 dst from an F32 image, F16 dst from an F16
+/// or F32 image (GGML_ASSERT); the kernel (src0) gives only its shape.
+/// GGML_ASSERT(nb10 == type size). Each image channel is read as
+/// `src_data[iih * IW + iiw]` from `in * ofs0 + iic * ofs1` (`int ofs0 =
+/// nb13 or nb12`, `ofs1 = nb12 or nb11`: the rows of a 2D channel must be
+/// packed, the strides fit an int); dst is written as `N * OH * OW` packed
+/// runs of `IC * KH * KW` elements from its start (contiguous, the
+/// builder's shape). Strides, pads and dilations only move reads, which
+/// the kernel bounds by IH / IW.
+fn check_im2col(r: &RpcTensor, a: &RpcTensor, b: &RpcTensor) -> Result<()> {
+    let op = r.op;
+    let types_ok = match r.ty {
+        GGML_TYPE_F32 => b.ty == GGML_TYPE_F32,
+        GGML_TYPE_F16 => matches!(b.ty, GGML_TYPE_F16 | GGML_TYPE_F32),
+        _ => false,
+    };
+    if !types_ok || !rows_contiguous(b) || !is_contiguous(r) {
+        return refuse(op, "im2col types/layout");
+    }
+    let is_2d = r.op_params[6] == 1;
+    // ggml_im2col: 2D: a->ne[2] == b->ne[2]; 1D: b->ne[1] == a->ne[1],
+    // b->ne[3] == 1. Result [IC * KH * KW, OW, OH or N, N or 1].
+    let (n, ic, ih, kh, oh, ofs0, ofs1) = if is_2d {
+        (
+            ne(b, 3),
+            ne(b, 2),
+            ne(b, 1),
+            ne(a, 1),
+            ne(r, 2),
+            b.nb[3],
+            b.nb[2],
+        )
+    } else {
+        (ne(b, 2), ne(b, 1), 1, 1, 1, b.nb[2], b.nb[1])
+    };
+    let kernel_ok = if is_2d {
+        a.ne[2] == b.ne[2]
+    } else {
+        a.ne[1] == b.ne[1] && b.ne[3] == 1
+    };
+    let want = if is_2d {
+        [ic * kh * ne(a, 0), ne(r, 1), oh, n]
+    } else {
+        [ic * ne(a, 0), ne(r, 1), n, 1]
+    };
+    let packed_rows = ih <= 1 || u64::from(b.nb[1]) == u64::from(b.ne[0]) * type_size(b.ty);
+    let int_strides = i32::try_from(ofs0).is_ok() && i32::try_from(ofs1).is_ok();
+    if !kernel_ok || (0..4).any(|d| ne(r, d) != want[d]) || !packed_rows || !int_strides {
+        return refuse(
+            op,
+            format!(
+                "im2col of kernel {:?}, image {:?} into {:?}",
+                a.ne, b.ne, r.ne
+            ),
+        );
+    }
+    Ok(())
+}
+
+/// CONV_2D_DW: `ggml_compute_forward_conv_2d_dw`. GGML_ASSERT: kernel F32
+/// or F16, kernel ne[3] == channels (src ne[2]), dst ne[3] == batch; the
+/// image is read and dst written as floats (F32; ggml_conv_2d_dw_direct
+/// builds dst as the image's type, kernel [KW, KH, 1, C]). A contiguous
+/// image takes the WHCN path: image, kernel and dst walked flat (plane i
+/// at `i * W * H`, kernel `(i % C) * KW * KH`, dst `i * OW * OH`); one
+/// with contiguous channels (`nb0 > nb2`, `nb1 > nb0`, `nb2` = 4) the
+/// CWHN path: each walked as packed [C, W, H, N] (dst as the builder's
+/// [C, OW, OH, N], kernel [C, KW, KH], GGML_ASSERT(kernel nb0 >= nb2 &&
+/// nb1 >= nb0)); any other layout GGML_ABORTs. Strides, pads and
+/// dilations only move reads the kernel bounds by the image's size.
+fn check_conv_2d_dw(r: &RpcTensor, a: &RpcTensor, b: &RpcTensor) -> Result<()> {
+    let op = r.op;
+    let c = b.ne[2];
+    if !matches!(a.ty, GGML_TYPE_F32 | GGML_TYPE_F16)
+        || b.ty != GGML_TYPE_F32
+        || r.ty != GGML_TYPE_F32
+        || a.ne[2] != 1
+        || a.ne[3] != c
+        || r.ne[2] != c
+        || r.ne[3] != b.ne[3]
+    {
+        return refuse(
+            op,
+            format!(
+                "conv_2d_dw of kernel {:?}, image {:?} into {:?}",
+                a.ne, b.ne, r.ne
+            ),
+        );
+    }
+    let layout_ok = if is_contiguous(b) {
+        is_contiguous(a) && is_contiguous(r)
+    } else if b.nb[0] > b.nb[2] && b.nb[1] > b.nb[0] && b.nb[2] == 4 {
+        // Packed [C, x, y, N] strides of a tensor [x, y, C, N].
+        let cwhn = |t: &RpcTensor, es: u64| {
+            let nb0 = es * u64::from(c);
+            let nb1 = nb0 * u64::from(t.ne[0]);
+            let nb3 = nb1 * u64::from(t.ne[1]);
+            [nb0, nb1, es, nb3] == t.nb.map(u64::from)
+        };
+        let es = type_size(a.ty);
+        let kernel_ok = u64::from(a.nb[3]) == es
+            && u64::from(a.nb[0]) == es * u64::from(c)
+            && u64::from(a.nb[1]) == es * u64::from(c) * u64::from(a.ne[0])
+            && a.nb[0] >= a.nb[2]
+            && a.nb[1] >= a.nb[0];
+        cwhn(b, 4) && cwhn(r, 4) && kernel_ok
+    } else {
+        false
+    };
+    if !layout_ok {
+        return refuse(
+            op,
+            "conv_2d_dw layout is neither packed WHCN nor packed CWHN",
+        );
+    }
+    Ok(())
+}
+
+/// `ggml_calc_pool_output_size` with the window rules both pool kernels
+/// need: `k >= 1`, `s >= 1`, `0 <= p <= ins` (the kernels compute
+/// `ow * s - p` in int and loop `k` times per output: with `k <= ins + 2 * p`,
+/// ggml's `ne > 0`, both stay within a few times the row); `None` when a
+/// rule fails.
+fn pool_output(ins: u32, k: i32, s: i32, p: i32) -> Option<i64> {
+    let ins = i64::from(ins);
+    let (k, s, p) = (i64::from(k), i64::from(s), i64::from(p));
+    if k < 1 || s < 1 || p < 0 || p > ins || k > ins + 2 * p || ins > i64::from(i32::MAX) / 4 {
+        return None;
+    }
+    Some((ins + 2 * p - k) / s + 1)
+}
+
+/// POOL_1D: `ggml_compute_forward_pool_1d_ksp` (one thread): op_params
+/// [op, k0, s0, p0], POOL_COUNT GGML_ABORTs (and other values leave the
+/// accumulator unset); F32 or F16 rows read packed at `ir * nb1` for
+/// `ggml_nrows(src)` rows, dst rows written as floats at `ir * nb1`: both
+/// walk flat. ggml_pool_1d: dst F32 [out(ne0), ne1, ne2, ne3].
+fn check_pool_1d(r: &RpcTensor, a: &RpcTensor) -> Result<()> {
+    let op = r.op;
+    let p = &r.op_params;
+    if !matches!(p[0], POOL_MAX | POOL_AVG)
+        || !matches!(a.ty, GGML_TYPE_F32 | GGML_TYPE_F16)
+        || r.ty != GGML_TYPE_F32
+        || !flat_walk(a)
+        || !flat_walk(r)
+        || r.ne[1..] != a.ne[1..]
+        || pool_output(a.ne[0], p[1], p[2], p[3]) != Some(ne(r, 0))
+    {
+        return refuse(
+            op,
+            format!("pool_1d {:?} of {:?} into {:?}", &p[..4], a.ne, r.ne),
+        );
+    }
+    Ok(())
+}
+
+/// POOL_2D: `ggml_compute_forward_pool_2d` (one thread): op_params [op,
+/// k0, k1, s0, s1, p0, p1]; it walks planes from `src->data` by `nb[2]`
+/// while below `src->data + ggml_nbytes(src)` (`nb[2]` 0 never ends, a
+/// small one reads and writes extra planes), rows at `nb[1]`, packed F32
+/// or F16 elements; dst planes are written packed, `ne0 * ne1` floats
+/// each, from dst's start. Hence a contiguous source with `nb[2]` its
+/// plane size and no empty dimension, a contiguous F32 dst of
+/// ggml_pool_2d's shape, the window rules of `pool_output` and `int ka =
+/// k0 * k1`.
+fn check_pool_2d(r: &RpcTensor, a: &RpcTensor) -> Result<()> {
+    let op = r.op;
+    let p = &r.op_params;
+    let plane = u64::from(a.ne[0]) * u64::from(a.ne[1]) * type_size(a.ty);
+    if !matches!(p[0], POOL_MAX | POOL_AVG)
+        || !matches!(a.ty, GGML_TYPE_F32 | GGML_TYPE_F16)
+        || r.ty != GGML_TYPE_F32
+        || !is_contiguous(a)
+        || !is_contiguous(r)
+        || nelements(a) == 0
+        || u64::from(a.nb[2]) != plane
+        || r.ne[2..] != a.ne[2..]
+        || pool_output(a.ne[0], p[1], p[3], p[5]) != Some(ne(r, 0))
+        || pool_output(a.ne[1], p[2], p[4], p[6]) != Some(ne(r, 1))
+        || p[1].checked_mul(p[2]).is_none()
+    {
+        return refuse(
+            op,
+            format!("pool_2d {:?} of {:?} into {:?}", &p[..7], a.ne, r.ne),
+        );
+    }
+    Ok(())
+}
+
+/// UPSCALE: `ggml_compute_forward_upscale_f32` (F32 source only,
+/// GGML_ABORT otherwise; dst written as floats). op_params[0] = mode |
+/// flags: NEAREST, BILINEAR, BICUBIC (GGML_ABORT on another mode),
+/// ALIGN_CORNERS, ANTIALIAS with BILINEAR only (ggml_interpolate's
+/// asserts; no other bits). Bilinear and bicubic clamp their x / y
+/// indices into the source (an empty source would read its element 0);
+/// every mode picks dims 2 and 3, and NEAREST dims 0 and 1 too, as
+/// `(int64) (i / sf)` with the f32 scale `sf = ne / ne_src` (`(ne - 1) /
+/// (ne_src - 1)` for dims 0, 1 under ALIGN_CORNERS): rounding must keep
+/// the last such index inside the source, checked here with the kernel's
+/// f32 arithmetic.
+fn check_upscale(r: &RpcTensor, a: &RpcTensor) -> Result<()> {
+    let op = r.op;
+    let flags = r.op_params[0];
+    let mode = flags & 0xFF;
+    let known = flags & !0xFF & !(SCALE_FLAG_ALIGN_CORNERS | SCALE_FLAG_ANTIALIAS) == 0;
+    let aa = flags & SCALE_FLAG_ANTIALIAS != 0;
+    if !(0..=SCALE_MODE_BICUBIC).contains(&mode) || !known || (aa && mode != SCALE_MODE_BILINEAR) {
+        return refuse(op, format!("upscale mode/flags {flags:#x}"));
+    }
+    if a.ty != GGML_TYPE_F32 || r.ty != GGML_TYPE_F32 || nelements(a) == 0 {
+        return refuse(op, "upscale types or empty source");
+    }
+    let align = flags & SCALE_FLAG_ALIGN_CORNERS != 0;
+    let nearest_dims = if mode == 0 { 0 } else { 2 };
+    for d in nearest_dims..4 {
+        let (n, ns) = (ne(r, d), ne(a, d));
+        if n == 0 {
+            continue;
+        }
+        let mut sf = n as f32 / ns as f32;
+        if align && d < 2 && n > 1 && ns > 1 {
+            sf = (n - 1) as f32 / (ns - 1) as f32;
+        }
+        let last = ((n - 1) as f32 / sf) as i64;
+        if !(0..ns).contains(&last) {
+            return refuse(
+                op,
+                format!(
+                    "upscale of {:?} to {:?} picks index {last} of dim {d}",
+                    a.ne, r.ne
+                ),
+            );
+        }
+    }
+    Ok(())
+}
