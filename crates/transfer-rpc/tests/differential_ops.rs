@@ -1785,7 +1785,7 @@ fn batch2_op_cases(v: &mut Vec<Spec>) {
 }
 
 /// Issue 11, vision-encoder ops: IM2COL, CONV_2D_DW (WHCN and CWHN
-/// layouts), POOL_1D, POOL_2D, UPSCALE in every mode and flag
+/// layouts), CONV_TRANSPOSE_1D / _2D (test_conv_transpose_*), POOL_1D, POOL_2D, UPSCALE in every mode and flag
 /// (test-backend-ops' test_im2col, test_conv_2d_dw, test_pool1d,
 /// test_pool2d, test_upscale(_ext), test_interpolate, smaller).
 fn vision_op_cases(v: &mut Vec<Spec>) {
@@ -1864,6 +1864,44 @@ fn vision_op_cases(v: &mut Vec<Spec>) {
                     }
                     sys::ggml_conv_2d_dw_direct(c.ctx, k, i, st, st, pad, pad, dil, dil)
                 }
+            },
+        ));
+    }
+    // CONV_TRANSPOSE_1D (test_conv_transpose_1d): source [L, Cin],
+    // kernel [K, Cout, Cin], stride.
+    for (kt, l, cin, k, cout, st) in [
+        (F32, 197i64, 32i64, 16i64, 32i64, 1),
+        (F32, 3, 2, 2, 3, 3),
+        (F32, 3, 1, 3, 2, 2),
+        (F16, 13, 4, 3, 5, 2),
+    ] {
+        v.push(spec(
+            format!("conv_transpose_1d kernel {kt} L {l} Cin {cin} K {k} Cout {cout} s {st}"),
+            1e-3,
+            move |c| {
+                let kn = c.input(kt, [k, cout, cin, 1]);
+                let i = c.input(F32, [l, cin, 1, 1]);
+                // SAFETY: live context and tensors.
+                unsafe { sys::ggml_conv_transpose_1d(c.ctx, kn, i, st, 0, 1) }
+            },
+        ));
+    }
+    // CONV_TRANSPOSE_2D (test_conv_transpose_2d): source [W, H, Cin, N],
+    // kernel [KW, KH, Cout, Cin], stride.
+    for (kt, ine, kne, st) in [
+        (F32, [3i64, 2, 3, 1], [2i64, 2, 1, 3], 1),
+        (F16, [3, 2, 3, 1], [2, 2, 1, 3], 1),
+        (F32, [10, 10, 9, 1], [3, 3, 1, 9], 2),
+        (F16, [7, 5, 4, 2], [3, 2, 3, 4], 2),
+    ] {
+        v.push(spec(
+            format!("conv_transpose_2d kernel {kt} {kne:?} source {ine:?} s {st}"),
+            1e-3,
+            move |c| {
+                let kn = c.input(kt, kne);
+                let i = c.input(F32, ine);
+                // SAFETY: live context and tensors.
+                unsafe { sys::ggml_conv_transpose_2d_p0(c.ctx, kn, i, st) }
             },
         ));
     }

@@ -1134,7 +1134,9 @@ fn ssm_ops_refuse_what_ggml_cpu_cannot_take() {
     computes(&mut c, "ssm_conv", &one_node(vec![sx, w, r]));
 }
 
+const OP_CONV_TRANSPOSE_1D: u32 = 51;
 const OP_IM2COL: u32 = 52;
+const OP_CONV_TRANSPOSE_2D: u32 = 59;
 const OP_CONV_2D_DW: u32 = 58;
 const OP_POOL_1D: u32 = 60;
 const OP_POOL_2D: u32 = 61;
@@ -1255,4 +1257,76 @@ fn vision_ops_refuse_what_ggml_cpu_cannot_take() {
     let g = upscale(2, packed(1, F32, [4, 4, 1, 1], b, base, 0), b, base);
     computes(&mut c, "upscale", &g);
     assert_eq!(read(&mut c, &g.tensors[1], 1).len(), 1);
+}
+
+/// A transposed convolution (`op`) of `kernel` (id 1) over `source` (id
+/// 2) into `r`, stride 1 (1D: pad 0, dilation 1).
+fn conv_transpose(op: u32, kernel: RpcTensor, source: RpcTensor, r: RpcTensor) -> GraphPayload {
+    let mut r = node(r, op, &[1, 2]);
+    r.op_params[..3].copy_from_slice(&[1, 0, 1]);
+    one_node(vec![kernel, source, r])
+}
+
+#[test]
+fn transposed_convolutions_refuse_what_ggml_cpu_cannot_take() {
+    let h = start_ggml();
+    // 1D: a result of rows of 2 for 258 columns (row 1, the buffer's
+    // last 8 bytes, written 1 KiB on); a BF16 kernel (GGML_ABORT); a
+    // source of 2 planes (ggml_graph_plan's GGML_ASSERT).
+    refused(&h, "conv_transpose_1d rows of 2 of 258", |b, base| {
+        let k = packed(1, F32, [3, 2, 1, 1], b, base, 0);
+        let i = packed(2, F32, [256, 1, 1, 1], b, base, 1024);
+        let mut r = at_end(3, F32, [2, 2, 1, 1], b, base);
+        r.nb[1] = 8;
+        conv_transpose(OP_CONV_TRANSPOSE_1D, k, i, r)
+    });
+    refused(&h, "conv_transpose_1d of a BF16 kernel", |b, base| {
+        let k = packed(1, BF16, [3, 2, 1, 1], b, base, 0);
+        let i = packed(2, F32, [8, 1, 1, 1], b, base, 1024);
+        let r = packed(3, F32, [10, 2, 1, 1], b, base, 2048);
+        conv_transpose(OP_CONV_TRANSPOSE_1D, k, i, r)
+    });
+    refused(
+        &h,
+        "conv_transpose_1d of a source of 2 planes",
+        |b, base| {
+            let k = packed(1, F32, [3, 2, 1, 1], b, base, 0);
+            let i = packed(2, F32, [8, 1, 2, 1], b, base, 1024);
+            let r = packed(3, F32, [10, 2, 1, 1], b, base, 2048);
+            conv_transpose(OP_CONV_TRANSPOSE_1D, k, i, r)
+        },
+    );
+    // 2D: a result plane of 2 x 2 for 18 x 18 at the buffer's end (written
+    // 200 bytes past it); a result plane with rows 4 bytes apart (100
+    // bytes past it); a BF16 kernel (ggml_graph_plan's GGML_ASSERT).
+    let k2 = |ty: u32, b, base| packed(1, ty, [3, 3, 1, 1], b, base, 0);
+    refused(&h, "conv_transpose_2d plane of 2 x 2", |b, base| {
+        let i = packed(2, F32, [16, 16, 1, 1], b, base, 1024);
+        let r = at_end(3, F32, [2, 2, 1, 1], b, base);
+        conv_transpose(OP_CONV_TRANSPOSE_2D, k2(F32, b, base), i, r)
+    });
+    refused(&h, "conv_transpose_2d rows 4 bytes apart", |b, base| {
+        let i = packed(2, F32, [4, 4, 1, 1], b, base, 1024);
+        let r = tensor(3, F32, [6, 6, 1, 1], [4, 4, 44, 44], b, base, BUF - 44);
+        conv_transpose(OP_CONV_TRANSPOSE_2D, k2(F32, b, base), i, r)
+    });
+    refused(&h, "conv_transpose_2d of a BF16 kernel", |b, base| {
+        let i = packed(2, F32, [4, 4, 1, 1], b, base, 1024);
+        let r = packed(3, F32, [6, 6, 1, 1], b, base, 2048);
+        conv_transpose(OP_CONV_TRANSPOSE_2D, k2(BF16, b, base), i, r)
+    });
+    // The valid forms compute.
+    let (mut c, b, base) = session(&h);
+    let k = packed(1, F32, [3, 2, 1, 1], b, base, 0);
+    let i = packed(2, F32, [256, 1, 1, 1], b, base, 1024);
+    let r = at_end(3, F32, [258, 2, 1, 1], b, base);
+    computes(
+        &mut c,
+        "conv_transpose_1d",
+        &conv_transpose(OP_CONV_TRANSPOSE_1D, k, i, r),
+    );
+    let i = packed(2, F32, [16, 16, 1, 1], b, base, 4096);
+    let r = at_end(3, F32, [18, 18, 1, 1], b, base);
+    let g = conv_transpose(OP_CONV_TRANSPOSE_2D, k2(F16, b, base), i, r);
+    computes(&mut c, "conv_transpose_2d", &g);
 }

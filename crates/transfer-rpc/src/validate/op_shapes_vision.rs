@@ -1,8 +1,9 @@
 //! Op rules for the vision-encoder ops of issue 11: IM2COL, CONV_2D_DW,
-//! POOL_1D, POOL_2D and UPSCALE (all modes and flags). As in
-//! `op_shapes.rs`, each rule is what the op's ggml-cpu kernel (ops.cpp of
-//! the vendored llama.cpp) asserts, aborts on, or needs to stay inside
-//! its tensors; none of these kernels uses the graph plan's work buffer.
+//! CONV_TRANSPOSE_1D, CONV_TRANSPOSE_2D, POOL_1D, POOL_2D and UPSCALE (all
+//! modes and flags). As in `op_shapes.rs`, each rule is what the op's
+//! ggml-cpu kernel (ops.cpp of the vendored llama.cpp) asserts, aborts
+//! on, or needs to stay inside its tensors; of these only the transposed
+//! convolutions use the graph plan's work buffer, bounded here.
 
 use super::op_shapes::{flat_walk, is_contiguous, nelements, refuse, rows_contiguous};
 use super::types::{GGML_TYPE_F16, GGML_TYPE_F32, type_info};
@@ -10,8 +11,10 @@ use crate::error::Result;
 use crate::protocol::tensor::{MAX_SRC, RpcTensor};
 
 /// `GGML_OP_*` of the ops checked here.
+pub(super) const OP_CONV_TRANSPOSE_1D: u32 = 51;
 pub(super) const OP_IM2COL: u32 = 52;
 pub(super) const OP_CONV_2D_DW: u32 = 58;
+pub(super) const OP_CONV_TRANSPOSE_2D: u32 = 59;
 pub(super) const OP_POOL_1D: u32 = 60;
 pub(super) const OP_POOL_2D: u32 = 61;
 pub(super) const OP_UPSCALE: u32 = 63;
@@ -24,6 +27,13 @@ const SCALE_MODE_BILINEAR: i32 = 1;
 const SCALE_MODE_BICUBIC: i32 = 2;
 const SCALE_FLAG_ALIGN_CORNERS: i32 = 1 << 8;
 const SCALE_FLAG_ANTIALIAS: i32 = 1 << 9;
+
+/// Largest work buffer a transposed convolution may ask for, in bytes.
+/// `ggml_graph_plan` (ggml-cpu.c) sizes it as the kernel plus the source,
+/// both in the kernel's element size, and the CPU backend allocates it
+/// with `new[]`, which aborts the process when it fails; the kernels also
+/// index it with `int`. 256 MiB, as for MUL_MAT_ID's row map.
+pub const MAX_CONV_TRANSPOSE_WORK: u64 = 256 << 20;
 
 fn type_size(ty: u32) -> u64 {
     type_info(ty).map_or(0, |i| i.type_size)
@@ -39,6 +49,10 @@ pub(super) fn check(r: &RpcTensor, s: &[Option<&RpcTensor>; MAX_SRC]) -> Option<
         OP_IM2COL | OP_CONV_2D_DW => match (s[0], s[1]) {
             (Some(a), Some(b)) if r.op == OP_IM2COL => check_im2col(r, a, b),
             (Some(a), Some(b)) => check_conv_2d_dw(r, a, b),
+            _ => refuse(r.op, "needs two sources"),
+        },
+        OP_CONV_TRANSPOSE_1D | OP_CONV_TRANSPOSE_2D => match (s[0], s[1]) {
+            (Some(a), Some(b)) => check_conv_transpose(r, a, b),
             _ => refuse(r.op, "needs two sources"),
         },
         OP_POOL_1D | OP_POOL_2D | OP_UPSCALE => match s[0] {
@@ -167,6 +181,72 @@ fn check_conv_2d_dw(r: &RpcTensor, a: &RpcTensor, b: &RpcTensor) -> Result<()> {
             op,
             "conv_2d_dw layout is neither packed WHCN nor packed CWHN",
         );
+    }
+    Ok(())
+}
+
+/// CONV_TRANSPOSE_1D / _2D: `ggml_compute_forward_conv_transpose_1d_
+/// {f16_f32,f32}` and `_2d_impl` by the kernel's type (F16 or F32,
+/// GGML_ABORT otherwise); GGML_ASSERT: source and dst F32, nb00 = the
+/// kernel's element size, nb10 = 4. ggml_graph_plan GGML_ASSERTs (1D)
+/// kernel ne[3] = 1, source ne[2] = ne[3] = 1. Thread 0 copies the kernel
+/// ([K, Cout, Cin] or [KW, KH, Cout, Cin], rows packed: the 2D copy reads
+/// `src[i01 * ne00 + i00]` of each plane) and the source channel-last into
+/// the work buffer, which the dot products then read Cin (kernel ne[2] /
+/// ne[3]) at a time at source-channel strides (source ne[1] / ne[2]): the
+/// two must be equal. dst (zeroed by ggml_nbytes) is written at `i10 * s +
+/// i00` of each row (1D: rows `i1 * nb1` for i1 < ne1, the kernel's Cout)
+/// and `(i11 * s + i01) * ne0 + i10 * s + i00` of each packed plane
+/// (2D: Cout planes at nb2, batches at nb3 from the source's): ggml's
+/// builders' shapes `(L - 1) * s + K` (1D: p0 = 0, d0 = 1) with s >= 1.
+fn check_conv_transpose(r: &RpcTensor, a: &RpcTensor, b: &RpcTensor) -> Result<()> {
+    let op = r.op;
+    let es = type_size(a.ty);
+    if !matches!(a.ty, GGML_TYPE_F32 | GGML_TYPE_F16)
+        || b.ty != GGML_TYPE_F32
+        || r.ty != GGML_TYPE_F32
+        || u64::from(a.nb[0]) != es
+        || b.nb[0] != 4
+        || r.nb[0] != 4
+    {
+        return refuse(op, "conv_transpose types/layout");
+    }
+    let s = r.op_params[0];
+    let out = |ins: u32, k: u32| (i64::from(ins) - 1) * i64::from(s) + i64::from(k);
+    let shape_ok = if op == OP_CONV_TRANSPOSE_1D {
+        a.ne[3] == 1
+            && b.ne[2] == 1
+            && b.ne[3] == 1
+            && a.ne[2] == b.ne[1]
+            && r.op_params[1] == 0
+            && r.op_params[2] == 1
+            && [ne(r, 0), ne(r, 1), ne(r, 2), ne(r, 3)] == [out(b.ne[0], a.ne[0]), ne(a, 1), 1, 1]
+    } else {
+        let packed_plane = r.ne[1] <= 1 || u64::from(r.nb[1]) == 4 * u64::from(r.ne[0]);
+        let kernel_rows = a.ne[1] <= 1 || u64::from(a.nb[1]) == es * u64::from(a.ne[0]);
+        a.ne[3] == b.ne[2]
+            && packed_plane
+            && kernel_rows
+            && [ne(r, 0), ne(r, 1), ne(r, 2), ne(r, 3)]
+                == [
+                    out(b.ne[0], a.ne[0]),
+                    out(b.ne[1], a.ne[1]),
+                    ne(a, 2),
+                    ne(b, 3),
+                ]
+    };
+    if s < 1 || !shape_ok || nelements(b) == 0 {
+        return refuse(
+            op,
+            format!(
+                "conv_transpose stride {s} of kernel {:?}, source {:?} into {:?}",
+                a.ne, b.ne, r.ne
+            ),
+        );
+    }
+    let work = es.saturating_mul(nelements(a).saturating_add(nelements(b)));
+    if work > MAX_CONV_TRANSPOSE_WORK || u64::from(r.ne[0]) * u64::from(r.ne[1]) > i32::MAX as u64 {
+        return refuse(op, format!("conv_transpose work buffer of {work} bytes"));
     }
     Ok(())
 }
