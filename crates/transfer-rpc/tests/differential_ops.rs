@@ -1785,7 +1785,7 @@ fn batch2_op_cases(v: &mut Vec<Spec>) {
 }
 
 /// Issue 11, vision-encoder ops: IM2COL, CONV_2D_DW (WHCN and CWHN
-/// layouts), CONV_TRANSPOSE_1D / _2D (test_conv_transpose_*), POOL_1D, POOL_2D, UPSCALE in every mode and flag
+/// layouts), CONV_2D, CONV_3D, CONV_TRANSPOSE_1D / _2D, POOL_1D, POOL_2D, UPSCALE in every mode and flag
 /// (test-backend-ops' test_im2col, test_conv_2d_dw, test_pool1d,
 /// test_pool2d, test_upscale(_ext), test_interpolate, smaller).
 fn vision_op_cases(v: &mut Vec<Spec>) {
@@ -1863,6 +1863,57 @@ fn vision_op_cases(v: &mut Vec<Spec>) {
                         k = sys::ggml_permute(c.ctx, k, 3, 2, 0, 1);
                     }
                     sys::ggml_conv_2d_dw_direct(c.ctx, k, i, st, st, pad, pad, dil, dil)
+                }
+            },
+        ));
+    }
+    // CONV_2D (test_conv_2d): image [W, H, IC, N], kernel [KW, KH, IC,
+    // OC], stride, pad, dilation; F16 and F32 kernels.
+    type Conv2d = (sys::ggml_type, [i64; 4], [i64; 4], i32, i32, i32);
+    let conv2d: [Conv2d; 4] = [
+        (F32, [16, 12, 3, 2], [3, 3, 3, 4], 1, 0, 1),
+        (F16, [16, 12, 3, 2], [3, 3, 3, 4], 1, 0, 1),
+        (F32, [13, 11, 5, 1], [5, 3, 5, 6], 2, 1, 2),
+        (F16, [20, 9, 2, 3], [3, 5, 2, 3], 3, 2, 1),
+    ];
+    for (kt, ine, kne, st, pad, dil) in conv2d {
+        v.push(spec(
+            format!("conv_2d kernel {kt} {kne:?} image {ine:?} s {st} p {pad} d {dil}"),
+            1e-3,
+            move |c| {
+                let k = c.input(kt, kne);
+                let i = c.input(F32, ine);
+                // SAFETY: live context and tensors.
+                unsafe { sys::ggml_conv_2d_direct(c.ctx, k, i, st, st, pad, pad, dil, dil) }
+            },
+        ));
+    }
+    // CONV_3D (test_conv_3d): image [W, H, D, IC * N], kernel [KW, KH,
+    // KD, IC * OC].
+    for (kt, (w, h, d), (ic, n, oc), (kw, kh, kd), st, pad, dil) in [
+        (
+            F32,
+            (10i64, 9i64, 8i64),
+            (3i32, 2i32, 4i32),
+            (3i64, 3i64, 3i64),
+            1,
+            0,
+            1,
+        ),
+        (F16, (10, 9, 8), (3, 2, 4), (3, 3, 3), 1, 0, 1),
+        (F32, (11, 7, 6), (2, 1, 3), (3, 2, 2), 2, 1, 2),
+    ] {
+        v.push(spec(
+            format!("conv_3d kernel {kt} {w}x{h}x{d} IC {ic} N {n} OC {oc} s {st} p {pad} d {dil}"),
+            1e-3,
+            move |c| {
+                let k = c.input(kt, [kw, kh, kd, i64::from(ic * oc)]);
+                let i = c.input(F32, [w, h, d, i64::from(ic * n)]);
+                // SAFETY: live context and tensors.
+                unsafe {
+                    sys::ggml_conv_3d_direct(
+                        c.ctx, k, i, st, st, st, pad, pad, pad, dil, dil, dil, ic, n, oc,
+                    )
                 }
             },
         ));

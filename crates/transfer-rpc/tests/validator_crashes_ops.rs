@@ -1137,6 +1137,8 @@ fn ssm_ops_refuse_what_ggml_cpu_cannot_take() {
 const OP_CONV_TRANSPOSE_1D: u32 = 51;
 const OP_IM2COL: u32 = 52;
 const OP_CONV_TRANSPOSE_2D: u32 = 59;
+const OP_CONV_2D: u32 = 56;
+const OP_CONV_3D: u32 = 57;
 const OP_CONV_2D_DW: u32 = 58;
 const OP_POOL_1D: u32 = 60;
 const OP_POOL_2D: u32 = 61;
@@ -1329,4 +1331,56 @@ fn transposed_convolutions_refuse_what_ggml_cpu_cannot_take() {
     let r = at_end(3, F32, [18, 18, 1, 1], b, base);
     let g = conv_transpose(OP_CONV_TRANSPOSE_2D, k2(F16, b, base), i, r);
     computes(&mut c, "conv_transpose_2d", &g);
+}
+
+#[test]
+fn direct_convolutions_refuse_what_ggml_cpu_cannot_take() {
+    let h = start_ggml();
+    let conv_2d = |k: RpcTensor, i: RpcTensor, r: RpcTensor| {
+        let mut r = node(r, OP_CONV_2D, &[1, 2]);
+        r.op_params[..6].copy_from_slice(&[1, 1, 0, 0, 1, 1]);
+        one_node(vec![k, i, r])
+    };
+    // CONV_2D: a kernel of 3 input channels over an image of 2
+    // (GGML_ASSERT); a result of one
+    // channel for the kernel's 4 at the buffer's end (channels written at
+    // nb[2]: 192 bytes past it).
+    refused(&h, "conv_2d of 3 kernel channels over 2", |b, base| {
+        let k = packed(1, F32, [3, 3, 3, 4], b, base, 0);
+        let i = packed(2, F32, [6, 6, 2, 1], b, base, 1024);
+        conv_2d(k, i, packed(3, F32, [4, 4, 4, 1], b, base, 2048))
+    });
+    refused(&h, "conv_2d result of one channel of four", |b, base| {
+        let k = packed(1, F32, [3, 3, 2, 4], b, base, 0);
+        let i = packed(2, F32, [6, 6, 2, 1], b, base, 1024);
+        conv_2d(k, i, at_end(3, F32, [4, 4, 1, 1], b, base))
+    });
+    // CONV_3D: n = 2 batches over an image of one (c = 1) at the buffer's
+    // end (batch 1 read 128 bytes past it).
+    let conv_3d = |n: i32, i: RpcTensor, b, base| {
+        let k = packed(1, F32, [1, 1, 1, 1], b, base, 0);
+        let mut r = node(
+            packed(3, F32, [4, 4, 2, 2], b, base, 2048),
+            OP_CONV_3D,
+            &[1, 2],
+        );
+        r.op_params[..12].copy_from_slice(&[1, 1, 1, 0, 0, 0, 1, 1, 1, 1, n, 1]);
+        one_node(vec![k, i, r])
+    };
+    refused(
+        &h,
+        "conv_3d of 2 batches over an image of one",
+        |b, base| conv_3d(2, at_end(2, F32, [4, 4, 2, 1], b, base), b, base),
+    );
+    // The valid forms compute.
+    let (mut c, b, base) = session(&h);
+    let k = packed(1, F16, [3, 3, 2, 4], b, base, 0);
+    let i = packed(2, F32, [6, 6, 2, 1], b, base, 1024);
+    computes(
+        &mut c,
+        "conv_2d",
+        &conv_2d(k, i, at_end(3, F32, [4, 4, 4, 1], b, base)),
+    );
+    let g = conv_3d(2, packed(2, F32, [4, 4, 2, 2], b, base, 1024), b, base);
+    computes(&mut c, "conv_3d", &g);
 }

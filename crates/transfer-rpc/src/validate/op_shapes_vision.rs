@@ -1,9 +1,10 @@
-//! Op rules for the vision-encoder ops of issue 11: IM2COL, CONV_2D_DW,
-//! CONV_TRANSPOSE_1D, CONV_TRANSPOSE_2D, POOL_1D, POOL_2D and UPSCALE (all
+//! Op rules for the vision-encoder ops of issue 11: IM2COL, CONV_2D,
+//! CONV_3D, CONV_2D_DW, CONV_TRANSPOSE_1D, CONV_TRANSPOSE_2D, POOL_1D, POOL_2D and UPSCALE (all
 //! modes and flags). As in `op_shapes.rs`, each rule is what the op's
 //! ggml-cpu kernel (ops.cpp of the vendored llama.cpp) asserts, aborts
-//! on, or needs to stay inside its tensors; of these only the transposed
-//! convolutions use the graph plan's work buffer, bounded here.
+//! on, or needs to stay inside its tensors; the transposed convolutions
+//! size the graph plan's work buffer from their shapes (bounded here),
+//! CONV_2D / CONV_3D use a fixed 16 MiB one.
 
 use super::op_shapes::{flat_walk, is_contiguous, nelements, refuse, rows_contiguous};
 use super::types::{GGML_TYPE_F16, GGML_TYPE_F32, type_info};
@@ -13,6 +14,8 @@ use crate::protocol::tensor::{MAX_SRC, RpcTensor};
 /// `GGML_OP_*` of the ops checked here.
 pub(super) const OP_CONV_TRANSPOSE_1D: u32 = 51;
 pub(super) const OP_IM2COL: u32 = 52;
+pub(super) const OP_CONV_2D: u32 = 56;
+pub(super) const OP_CONV_3D: u32 = 57;
 pub(super) const OP_CONV_2D_DW: u32 = 58;
 pub(super) const OP_CONV_TRANSPOSE_2D: u32 = 59;
 pub(super) const OP_POOL_1D: u32 = 60;
@@ -35,6 +38,10 @@ const SCALE_FLAG_ANTIALIAS: i32 = 1 << 9;
 /// index it with `int`. 256 MiB, as for MUL_MAT_ID's row map.
 pub const MAX_CONV_TRANSPOSE_WORK: u64 = 256 << 20;
 
+/// `GGML_IM2COL_WORK_SIZE` (ggml-cpu/ops.h): the work buffer
+/// ggml_graph_plan gives CONV_2D and CONV_3D.
+const IM2COL_WORK_SIZE: u64 = 16 << 20;
+
 fn type_size(ty: u32) -> u64 {
     type_info(ty).map_or(0, |i| i.type_size)
 }
@@ -49,6 +56,10 @@ pub(super) fn check(r: &RpcTensor, s: &[Option<&RpcTensor>; MAX_SRC]) -> Option<
         OP_IM2COL | OP_CONV_2D_DW => match (s[0], s[1]) {
             (Some(a), Some(b)) if r.op == OP_IM2COL => check_im2col(r, a, b),
             (Some(a), Some(b)) => check_conv_2d_dw(r, a, b),
+            _ => refuse(r.op, "needs two sources"),
+        },
+        OP_CONV_2D | OP_CONV_3D => match (s[0], s[1]) {
+            (Some(a), Some(b)) => check_conv_direct(r, a, b),
             _ => refuse(r.op, "needs two sources"),
         },
         OP_CONV_TRANSPOSE_1D | OP_CONV_TRANSPOSE_2D => match (s[0], s[1]) {
@@ -180,6 +191,62 @@ fn check_conv_2d_dw(r: &RpcTensor, a: &RpcTensor, b: &RpcTensor) -> Result<()> {
         return refuse(
             op,
             "conv_2d_dw layout is neither packed WHCN nor packed CWHN",
+        );
+    }
+    Ok(())
+}
+
+/// CONV_2D / CONV_3D: `ggml_compute_forward_conv_{2d,3d}_impl`, by the
+/// kernel's type. GGML_ASSERT: kernel contiguous (the GEMM reads it as a
+/// packed [KW * KH (* KD) * IC, OC] matrix), F16 or F32; CONV_2D IC =
+/// kernel ne[2] = image ne[2]; `patches_per_batch > 0`, i.e. one patch
+/// (`knl_n * type size + OC * 4` bytes) fits the 16 MiB work buffer. The
+/// image is read and dst written as floats (F32; the builders make dst
+/// F32 / the image's type), each element by its strides: image channels
+/// `ic < IC` and batches below dst's (2D: ne[3]; 3D: `n`, image planes
+/// `batch * c + ic`), dst channels `oc < OC` (2D: kernel ne[3]; 3D:
+/// op_params[11], dst planes `batch * oc + ioc`). Hence the builders'
+/// channel and batch counts (3D: `c`, `n`, `oc` from op_params[9..12]
+/// positive, kernel ne[3] = c * oc, image ne[3] = c * n, dst ne[3] = n *
+/// oc). Strides, pads, dilations only move reads the kernel bounds by the
+/// image's size.
+fn check_conv_direct(r: &RpcTensor, a: &RpcTensor, b: &RpcTensor) -> Result<()> {
+    let op = r.op;
+    if !matches!(a.ty, GGML_TYPE_F32 | GGML_TYPE_F16)
+        || !is_contiguous(a)
+        || b.ty != GGML_TYPE_F32
+        || r.ty != GGML_TYPE_F32
+    {
+        return refuse(op, "conv types/layout");
+    }
+    let (channels_ok, knl_n, oc) = if op == OP_CONV_2D {
+        let ok = a.ne[2] == b.ne[2] && r.ne[2] == a.ne[3] && r.ne[3] == b.ne[3];
+        (ok, nelements(a) / u64::from(a.ne[3].max(1)), ne(a, 3))
+    } else {
+        let p = &r.op_params;
+        let (c, n, oc) = (i64::from(p[9]), i64::from(p[10]), i64::from(p[11]));
+        let ok = c >= 1
+            && n >= 1
+            && oc >= 1
+            && ne(a, 3) == c * oc
+            && ne(b, 3) == c * n
+            && ne(r, 3) == n * oc;
+        (
+            ok,
+            (nelements(a) / u64::from(a.ne[3].max(1))).saturating_mul(c as u64),
+            oc,
+        )
+    };
+    let patch = knl_n
+        .saturating_mul(type_size(a.ty))
+        .saturating_add(oc as u64 * 4);
+    if !channels_ok || patch > IM2COL_WORK_SIZE {
+        return refuse(
+            op,
+            format!(
+                "conv of kernel {:?}, image {:?} into {:?} (patch {patch} bytes)",
+                a.ne, b.ne, r.ne
+            ),
         );
     }
     Ok(())
