@@ -1784,7 +1784,7 @@ fn batch2_op_cases(v: &mut Vec<Spec>) {
     }
 }
 
-/// Issue 11, vision-encoder ops: IM2COL, CONV_2D_DW (WHCN and CWHN
+/// Issue 11, vision-encoder ops: IM2COL(_3D), CONV_2D_DW (WHCN and CWHN
 /// layouts), CONV_2D, CONV_3D, CONV_TRANSPOSE_1D / _2D, POOL_1D, POOL_2D, UPSCALE in every mode and flag
 /// (test-backend-ops' test_im2col, test_conv_2d_dw, test_pool1d,
 /// test_pool2d, test_upscale(_ext), test_interpolate, smaller).
@@ -1863,6 +1863,28 @@ fn vision_op_cases(v: &mut Vec<Spec>) {
                         k = sys::ggml_permute(c.ctx, k, 3, 2, 0, 1);
                     }
                     sys::ggml_conv_2d_dw_direct(c.ctx, k, i, st, st, pad, pad, dil, dil)
+                }
+            },
+        ));
+    }
+    // IM2COL_3D (test_im2col_3d): image [W, H, D, IC * N], kernel [KW,
+    // KH, KD, IC * OC], F32 and F16 results.
+    for (dt, ic, n, st, pad, dil) in [
+        (F32, 3i64, 2i64, 1, 0, 1),
+        (F16, 2, 1, 2, 1, 1),
+        (F32, 1, 3, 1, 1, 2),
+    ] {
+        v.push(spec(
+            format!("im2col_3d dst {dt} IC {ic} N {n} s {st} p {pad} d {dil}"),
+            1e-6,
+            move |c| {
+                let k = c.input(F16, [3, 3, 2, ic * 2]);
+                let i = c.input(F32, [9, 8, 6, ic * n]);
+                // SAFETY: live context and tensors.
+                unsafe {
+                    sys::ggml_im2col_3d(
+                        c.ctx, k, i, ic, st, st, st, pad, pad, pad, dil, dil, dil, dt,
+                    )
                 }
             },
         ));

@@ -1136,6 +1136,7 @@ fn ssm_ops_refuse_what_ggml_cpu_cannot_take() {
 
 const OP_CONV_TRANSPOSE_1D: u32 = 51;
 const OP_IM2COL: u32 = 52;
+const OP_IM2COL_3D: u32 = 54;
 const OP_CONV_TRANSPOSE_2D: u32 = 59;
 const OP_CONV_2D: u32 = 56;
 const OP_CONV_3D: u32 = 57;
@@ -1383,4 +1384,37 @@ fn direct_convolutions_refuse_what_ggml_cpu_cannot_take() {
     );
     let g = conv_3d(2, packed(2, F32, [4, 4, 2, 2], b, base, 1024), b, base);
     computes(&mut c, "conv_3d", &g);
+}
+
+/// An IM2COL_3D of a [2, 2, 2, 1] kernel over an image [4, 4, 4, 1] with
+/// op_params IC `ic` (stride, dilation 1, pad 0) into `r`.
+fn im2col_3d(ic: i32, r: RpcTensor, b: u64, base: u64) -> GraphPayload {
+    let k = packed(1, F32, [2, 2, 2, 1], b, base, 0);
+    let i = packed(2, F32, [4, 4, 4, 1], b, base, 1024);
+    let mut r = node(r, OP_IM2COL_3D, &[1, 2]);
+    r.op_params[..10].copy_from_slice(&[1, 1, 1, 0, 0, 0, 1, 1, 1, ic]);
+    one_node(vec![k, i, r])
+}
+
+#[test]
+fn im2col_3d_refuses_what_ggml_cpu_cannot_take() {
+    let h = start_ggml();
+    // IC 0 and IC 2 of a one-plane image (`ne13 / IC`, then `ne3 / N`:
+    // SIGFPE); a result one column wide for 8 at the buffer's end (1.8 KiB
+    // written past it).
+    refused(&h, "im2col_3d of IC 0", |b, base| {
+        im2col_3d(0, packed(3, F32, [8, 3, 3, 3], b, base, 4096), b, base)
+    });
+    refused(&h, "im2col_3d of IC 2 over one plane", |b, base| {
+        im2col_3d(2, packed(3, F32, [16, 3, 3, 3], b, base, 4096), b, base)
+    });
+    refused(
+        &h,
+        "im2col_3d result narrower than its columns",
+        |b, base| im2col_3d(1, at_end(3, F32, [1, 4, 4, 4], b, base), b, base),
+    );
+    // The valid form computes.
+    let (mut c, b, base) = session(&h);
+    let g = im2col_3d(1, at_end(3, F32, [8, 3, 3, 3], b, base), b, base);
+    computes(&mut c, "im2col_3d", &g);
 }

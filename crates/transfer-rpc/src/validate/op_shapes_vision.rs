@@ -1,4 +1,4 @@
-//! Op rules for the vision-encoder ops of issue 11: IM2COL, CONV_2D,
+//! Op rules for the vision-encoder ops of issue 11: IM2COL, IM2COL_3D, CONV_2D,
 //! CONV_3D, CONV_2D_DW, CONV_TRANSPOSE_1D, CONV_TRANSPOSE_2D, POOL_1D, POOL_2D and UPSCALE (all
 //! modes and flags). As in `op_shapes.rs`, each rule is what the op's
 //! ggml-cpu kernel (ops.cpp of the vendored llama.cpp) asserts, aborts
@@ -14,6 +14,7 @@ use crate::protocol::tensor::{MAX_SRC, RpcTensor};
 /// `GGML_OP_*` of the ops checked here.
 pub(super) const OP_CONV_TRANSPOSE_1D: u32 = 51;
 pub(super) const OP_IM2COL: u32 = 52;
+pub(super) const OP_IM2COL_3D: u32 = 54;
 pub(super) const OP_CONV_2D: u32 = 56;
 pub(super) const OP_CONV_3D: u32 = 57;
 pub(super) const OP_CONV_2D_DW: u32 = 58;
@@ -56,6 +57,10 @@ pub(super) fn check(r: &RpcTensor, s: &[Option<&RpcTensor>; MAX_SRC]) -> Option<
         OP_IM2COL | OP_CONV_2D_DW => match (s[0], s[1]) {
             (Some(a), Some(b)) if r.op == OP_IM2COL => check_im2col(r, a, b),
             (Some(a), Some(b)) => check_conv_2d_dw(r, a, b),
+            _ => refuse(r.op, "needs two sources"),
+        },
+        OP_IM2COL_3D => match (s[0], s[1]) {
+            (Some(a), Some(b)) => check_im2col_3d(r, a, b),
             _ => refuse(r.op, "needs two sources"),
         },
         OP_CONV_2D | OP_CONV_3D => match (s[0], s[1]) {
@@ -130,6 +135,40 @@ fn check_im2col(r: &RpcTensor, a: &RpcTensor, b: &RpcTensor) -> Result<()> {
             op,
             format!(
                 "im2col of kernel {:?}, image {:?} into {:?}",
+                a.ne, b.ne, r.ne
+            ),
+        );
+    }
+    Ok(())
+}
+
+/// IM2COL_3D: `ggml_compute_forward_im2col_3d_{f32,f16}` by dst's type
+/// (GGML_ABORT otherwise); GGML_ASSERT: image F32, nb10 = 4. op_params[9]
+/// is IC: `N = ne13 / IC` and `OD = ne3 / N` divide by zero when IC is 0
+/// or above ne13. The image is read by its strides at planes `in * IC +
+/// iic` (inside it when ne13 = N * IC); dst is written flat, one run of
+/// `IC * KD * KH * KW` elements per output position (contiguous,
+/// ggml_im2col_3d's shape [KW * KH * KD * IC, OW, OH, OD * N]).
+fn check_im2col_3d(r: &RpcTensor, a: &RpcTensor, b: &RpcTensor) -> Result<()> {
+    let op = r.op;
+    let ic = i64::from(r.op_params[9]);
+    if !matches!(r.ty, GGML_TYPE_F32 | GGML_TYPE_F16)
+        || b.ty != GGML_TYPE_F32
+        || b.nb[0] != 4
+        || !is_contiguous(r)
+        || ic < 1
+        || ne(b, 3) % ic != 0
+        || ne(b, 3) < ic
+    {
+        return refuse(op, format!("im2col_3d of IC {ic} types/layout"));
+    }
+    let n = ne(b, 3) / ic;
+    let cols = (nelements(a) / u64::from(a.ne[3].max(1))).saturating_mul(ic as u64);
+    if u64::from(r.ne[0]) != cols || ne(r, 3) % n != 0 {
+        return refuse(
+            op,
+            format!(
+                "im2col_3d of kernel {:?}, image {:?} into {:?}",
                 a.ne, b.ne, r.ne
             ),
         );
