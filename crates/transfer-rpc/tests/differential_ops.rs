@@ -1978,6 +1978,34 @@ fn vision_op_cases(v: &mut Vec<Spec>) {
             },
         ));
     }
+    // OUT_PROD (test_out_prod): a [m, k, bs0, bs1] by b [n, k, bs0 * nr0,
+    // bs1 * nr1] (F32 a broadcasts), b transposed or not.
+    for (at, m, n, k, bs, nr, trans_b) in [
+        (F32, 256i64, 16i64, 16i64, [1i64, 1i64], [1i64, 1i64], false),
+        (F32, 256, 16, 16, [3, 1], [2, 1], false),
+        (F32, 64, 16, 16, [3, 2], [1, 2], true),
+        (F16, 256, 16, 16, [1, 1], [1, 1], false),
+        (F16, 64, 8, 16, [3, 2], [1, 1], true),
+    ] {
+        v.push(spec(
+            format!("out_prod a {at} m {m} n {n} k {k} bs {bs:?} nr {nr:?} trans_b {trans_b}"),
+            1e-4,
+            move |c| {
+                let a = c.input(at, [m, k, bs[0], bs[1]]);
+                let bne = [n, k, bs[0] * nr[0], bs[1] * nr[1]];
+                // SAFETY: live context and tensors.
+                unsafe {
+                    let b = if trans_b {
+                        let t = c.input(F32, [bne[1], bne[0], bne[2], bne[3]]);
+                        sys::ggml_transpose(c.ctx, t)
+                    } else {
+                        c.input(F32, bne)
+                    };
+                    sys::ggml_out_prod(c.ctx, a, b)
+                }
+            },
+        ));
+    }
     // POOL_1D / POOL_2D: both pool types, windows 1 and 3, strides 1 and
     // 2, pads 0 and 1.
     let pools = [sys::GGML_OP_POOL_MAX, sys::GGML_OP_POOL_AVG];

@@ -1418,3 +1418,42 @@ fn im2col_3d_refuses_what_ggml_cpu_cannot_take() {
     let g = im2col_3d(1, at_end(3, F32, [8, 3, 3, 3], b, base), b, base);
     computes(&mut c, "im2col_3d", &g);
 }
+
+const OP_OUT_PROD: u32 = 31;
+
+#[test]
+fn out_prod_refuses_what_ggml_cpu_cannot_take() {
+    let h = start_ggml();
+    let out_prod = |a: RpcTensor, bt: RpcTensor, r: RpcTensor| {
+        one_node(vec![a, bt, node(r, OP_OUT_PROD, &[1, 2])])
+    };
+    // src0 of 64 rows by src1 of 2 at the buffer's end (src1 rows i11 =
+    // i01 read 1 KiB past it); a result of overlapping rows at the
+    // buffer's end (zeroed flat: 900 bytes past it); an empty src0 dim 2
+    // (`ne2 % ne02`: SIGFPE).
+    refused(&h, "out_prod of 64 rows by 2", |b, base| {
+        let a = packed(1, F32, [4, 64, 1, 1], b, base, 0);
+        let bt = at_end(2, F32, [4, 2, 1, 1], b, base);
+        out_prod(a, bt, packed(3, F32, [4, 4, 1, 1], b, base, 2048))
+    });
+    refused(&h, "out_prod into overlapping rows", |b, base| {
+        let a = packed(1, F32, [16, 4, 1, 1], b, base, 0);
+        let bt = packed(2, F32, [16, 4, 1, 1], b, base, 1024);
+        let r = tensor(3, F32, [16, 16, 1, 1], [4, 4, 124, 124], b, base, BUF - 124);
+        out_prod(a, bt, r)
+    });
+    refused(&h, "out_prod of an empty src0 dim 2", |b, base| {
+        let a = packed(1, F32, [4, 4, 0, 1], b, base, 0);
+        let bt = packed(2, F32, [4, 4, 2, 1], b, base, 1024);
+        out_prod(a, bt, packed(3, F32, [4, 4, 2, 1], b, base, 2048))
+    });
+    // The valid forms compute.
+    let (mut c, b, base) = session(&h);
+    let a = packed(1, F32, [4, 64, 1, 1], b, base, 0);
+    let bt = packed(2, F32, [4, 64, 2, 1], b, base, 2048);
+    let g = out_prod(a, bt.clone(), at_end(3, F32, [4, 4, 2, 1], b, base));
+    computes(&mut c, "out_prod", &g);
+    let a = packed(1, F16, [4, 64, 2, 1], b, base, 0);
+    let g = out_prod(a, bt, at_end(3, F32, [4, 4, 2, 1], b, base));
+    computes(&mut c, "out_prod of F16", &g);
+}

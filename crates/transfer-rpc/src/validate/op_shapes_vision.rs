@@ -1,6 +1,6 @@
 //! Op rules for the vision-encoder ops of issue 11: IM2COL, IM2COL_3D, CONV_2D,
 //! CONV_3D, CONV_2D_DW, CONV_TRANSPOSE_1D, CONV_TRANSPOSE_2D, POOL_1D, POOL_2D and UPSCALE (all
-//! modes and flags). As in `op_shapes.rs`, each rule is what the op's
+//! modes and flags), and OUT_PROD. As in `op_shapes.rs`, each rule is what the op's
 //! ggml-cpu kernel (ops.cpp of the vendored llama.cpp) asserts, aborts
 //! on, or needs to stay inside its tensors; the transposed convolutions
 //! size the graph plan's work buffer from their shapes (bounded here),
@@ -12,6 +12,7 @@ use crate::error::Result;
 use crate::protocol::tensor::{MAX_SRC, RpcTensor};
 
 /// `GGML_OP_*` of the ops checked here.
+pub(super) const OP_OUT_PROD: u32 = 31;
 pub(super) const OP_CONV_TRANSPOSE_1D: u32 = 51;
 pub(super) const OP_IM2COL: u32 = 52;
 pub(super) const OP_IM2COL_3D: u32 = 54;
@@ -43,6 +44,11 @@ pub const MAX_CONV_TRANSPOSE_WORK: u64 = 256 << 20;
 /// ggml_graph_plan gives CONV_2D and CONV_3D.
 const IM2COL_WORK_SIZE: u64 = 16 << 20;
 
+/// Longest OUT_PROD row of an F16 `src0` accepted: ggml_graph_plan gives
+/// each thread `ne00` floats of work buffer to widen a row into (1M
+/// floats: 4 MiB a thread, 256 MiB for 64 threads).
+pub const MAX_OUT_PROD_F16_ROW: u32 = 1 << 20;
+
 fn type_size(ty: u32) -> u64 {
     type_info(ty).map_or(0, |i| i.type_size)
 }
@@ -57,6 +63,10 @@ pub(super) fn check(r: &RpcTensor, s: &[Option<&RpcTensor>; MAX_SRC]) -> Option<
         OP_IM2COL | OP_CONV_2D_DW => match (s[0], s[1]) {
             (Some(a), Some(b)) if r.op == OP_IM2COL => check_im2col(r, a, b),
             (Some(a), Some(b)) => check_conv_2d_dw(r, a, b),
+            _ => refuse(r.op, "needs two sources"),
+        },
+        OP_OUT_PROD => match (s[0], s[1]) {
+            (Some(a), Some(b)) => check_out_prod(r, a, b),
             _ => refuse(r.op, "needs two sources"),
         },
         OP_IM2COL_3D => match (s[0], s[1]) {
@@ -80,6 +90,43 @@ pub(super) fn check(r: &RpcTensor, s: &[Option<&RpcTensor>; MAX_SRC]) -> Option<
         _ => return None,
     };
     Some(checked)
+}
+
+/// OUT_PROD: `ggml_compute_forward_out_prod_{f32,f16_f32}` by src0's
+/// type (the quantized path is not served; GGML_ABORT on other types).
+/// GGML_ASSERT: src1 and dst F32, ne0 = ne00, ne1 = ne10, ne2 = ne12, ne3
+/// = ne13, nb00 = src0's element size, nb0 = 4; F32: ne2 % ne02 == 0, ne3
+/// % ne03 == 0 (a modulo by an empty dim is SIGFPE); F16: ne02 = ne12,
+/// ne03 = ne13. Thread 0 zeroes `ne0 * ne1 * ne2 * ne3` floats from dst's
+/// start (contiguous); rows i01 < ne01 of src0 pair with rows i11 = i01 of
+/// src1 (ggml_can_out_prod: ne01 = ne11). The F16 path's work buffer is
+/// bounded by `MAX_OUT_PROD_F16_ROW`.
+fn check_out_prod(r: &RpcTensor, a: &RpcTensor, b: &RpcTensor) -> Result<()> {
+    let op = r.op;
+    let broadcast_ok = match a.ty {
+        GGML_TYPE_F32 => {
+            a.ne[2] >= 1 && a.ne[3] >= 1 && r.ne[2] % a.ne[2] == 0 && r.ne[3] % a.ne[3] == 0
+        }
+        GGML_TYPE_F16 => a.ne[2..] == b.ne[2..] && a.ne[0] <= MAX_OUT_PROD_F16_ROW,
+        _ => false,
+    };
+    if !broadcast_ok
+        || b.ty != GGML_TYPE_F32
+        || r.ty != GGML_TYPE_F32
+        || u64::from(a.nb[0]) != type_size(a.ty)
+        || r.nb[0] != 4
+        || !is_contiguous(r)
+        || r.ne[0] != a.ne[0]
+        || r.ne[1] != b.ne[0]
+        || r.ne[2..] != b.ne[2..]
+        || a.ne[1] != b.ne[1]
+    {
+        return refuse(
+            op,
+            format!("out_prod of {:?} and {:?} into {:?}", a.ne, b.ne, r.ne),
+        );
+    }
+    Ok(())
 }
 
 /// IM2COL: `ggml_compute_forward_im2col_{f32,f16}` by dst's type
