@@ -183,6 +183,10 @@ pub(crate) fn bytes_arg(what: &'static str, obj: &Bound<'_, PyAny>) -> PyResult<
     Ok(out)
 }
 
+/// How often opening shm endpoints is retried past names taken by stale
+/// files (see `open`); a killed process leaves one per endpoint it had.
+const SHM_NAME_ATTEMPTS: usize = 256;
+
 /// Opens the domains `Engine(...)` asks for.
 fn open(
     provider: Option<&str>,
@@ -215,17 +219,36 @@ fn open(
             })?;
         config = config.with_peer_timeout(d);
     }
-    let domains = match provider {
-        // Multi-NIC providers: one domain per NIC the machine has.
-        Provider::Efa | Provider::Raw(_) => {
-            let mut all = transfer_efa::open_domains(&config)?;
-            if let Some(n) = nics {
-                all.truncate(n);
+    let open_once = || -> CoreResult<Vec<transfer_efa::LibfabricDomain>> {
+        match &provider {
+            // Multi-NIC providers: one domain per NIC the machine has.
+            Provider::Efa | Provider::Raw(_) => {
+                let mut all = transfer_efa::open_domains(&config)?;
+                if let Some(n) = nics {
+                    all.truncate(n);
+                }
+                Ok(all)
             }
-            all
+            // One NIC: `nics` independent endpoints on it.
+            _ => transfer_efa::open_loopback_domains(&config, nics.unwrap_or(1)),
         }
-        // One NIC: `nics` independent endpoints on it.
-        _ => transfer_efa::open_loopback_domains(&config, nics.unwrap_or(1))?,
+    };
+    let mut attempt = 0;
+    let domains = loop {
+        match open_once() {
+            // shm names endpoints `<pid>-<counter>`, and its files in
+            // /dev/shm outlive their process: a process that reuses the
+            // PID of one that left them collides (fi_enable: EBUSY). Each
+            // attempt takes the next counter value, past the stale names.
+            Err(TransferError::Backend { code, .. })
+                if code == libc::EBUSY
+                    && provider == Provider::Shm
+                    && attempt < SHM_NAME_ATTEMPTS =>
+            {
+                attempt += 1;
+            }
+            other => break other?,
+        }
     };
     let name = domains
         .first()
