@@ -2006,6 +2006,59 @@ fn vision_op_cases(v: &mut Vec<Spec>) {
             },
         ));
     }
+    // RWKV_WKV6, GATED_LINEAR_ATTN, RWKV_WKV7 (test_rwkv_wkv6, test_gla,
+    // test_rwkv_wkv7): head size S, H heads, T tokens over n_seqs.
+    for (s_, h, t, n_seqs) in [
+        (32i64, 2i64, 1i64, 1i64),
+        (32, 2, 32, 1),
+        (32, 2, 32, 4),
+        (64, 2, 8, 2),
+    ] {
+        v.push(spec(
+            format!("rwkv_wkv6 S {s_} H {h} T {t} seqs {n_seqs}"),
+            1e-5,
+            move |c| {
+                let k = c.input(F32, [s_, h, t, 1]);
+                let vv = c.input(F32, [s_, h, t, 1]);
+                let r = c.input(F32, [s_, h, t, 1]);
+                let tf = c.input(F32, [s_, h, 1, 1]);
+                let td = c.tensor(F32, [s_, h, t, 1], Fill::Uniform(0.1, 0.9));
+                let st = c.input(F32, [s_ * s_ * h, n_seqs, 1, 1]);
+                // SAFETY: live context and tensors.
+                unsafe { sys::ggml_rwkv_wkv6(c.ctx, k, vv, r, tf, td, st) }
+            },
+        ));
+        v.push(spec(
+            format!("gated_linear_attn S {s_} H {h} T {t} seqs {n_seqs}"),
+            1e-5,
+            move |c| {
+                let k = c.input(F32, [s_, h, t, 1]);
+                let vv = c.input(F32, [s_, h, t, 1]);
+                let q = c.input(F32, [s_, h, t, 1]);
+                let g = c.tensor(F32, [s_, h, t, 1], Fill::Uniform(0.1, 0.9));
+                let st = c.input(F32, [s_ * s_ * h, n_seqs, 1, 1]);
+                // SAFETY: live context and tensors.
+                unsafe { sys::ggml_gated_linear_attn(c.ctx, k, vv, q, g, st, 0.5) }
+            },
+        ));
+    }
+    for (s_, h, t, n_seqs) in [(64i64, 1i64, 1i64, 1i64), (64, 2, 8, 1), (64, 2, 8, 4)] {
+        v.push(spec(
+            format!("rwkv_wkv7 S {s_} H {h} T {t} seqs {n_seqs}"),
+            1e-5,
+            move |c| {
+                let r = c.input(F32, [s_, h, t, 1]);
+                let w = c.tensor(F32, [s_, h, t, 1], Fill::Uniform(0.1, 0.9));
+                let k = c.input(F32, [s_, h, t, 1]);
+                let vv = c.input(F32, [s_, h, t, 1]);
+                let a = c.input(F32, [s_, h, t, 1]);
+                let b = c.input(F32, [s_, h, t, 1]);
+                let st = c.input(F32, [s_ * s_ * h, n_seqs, 1, 1]);
+                // SAFETY: live context and tensors.
+                unsafe { sys::ggml_rwkv_wkv7(c.ctx, r, w, k, vv, a, b, st) }
+            },
+        ));
+    }
     // POOL_1D / POOL_2D: both pool types, windows 1 and 3, strides 1 and
     // 2, pads 0 and 1.
     let pools = [sys::GGML_OP_POOL_MAX, sys::GGML_OP_POOL_AVG];

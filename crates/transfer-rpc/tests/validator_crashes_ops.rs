@@ -1457,3 +1457,63 @@ fn out_prod_refuses_what_ggml_cpu_cannot_take() {
     let g = out_prod(a, bt, at_end(3, F32, [4, 4, 2, 1], b, base));
     computes(&mut c, "out_prod of F16", &g);
 }
+
+const OP_RWKV_WKV6: u32 = 82;
+const OP_GATED_LINEAR_ATTN: u32 = 83;
+const OP_RWKV_WKV7: u32 = 84;
+
+/// A linear-attention node `op` over `srcs` (ids 1..) into `r`.
+fn linear_attn(op: u32, mut srcs: Vec<RpcTensor>, r: RpcTensor) -> GraphPayload {
+    let ids: Vec<u64> = srcs.iter().map(|t| t.id).collect();
+    srcs.push(node(r, op, &ids));
+    one_node(srcs)
+}
+
+#[test]
+fn linear_attention_refuses_what_ggml_cpu_cannot_take() {
+    let h = start_ggml();
+    // WKV6 of S 8, H 2, T 1; state [128, n_seqs] and result `r`.
+    let wkv6 = |n_seqs: u32, r: RpcTensor, b, base| {
+        let mut v: Vec<RpcTensor> = (0..5)
+            .map(|i| packed(i + 1, F32, [8, 2, 1, 1], b, base, 256 * i))
+            .collect();
+        v.push(packed(6, F32, [128, n_seqs, 1, 1], b, base, 2048));
+        linear_attn(OP_RWKV_WKV6, v, r)
+    };
+    // WKV6: a state of 0 sequences (`T / n_seqs`: SIGFPE); a result of the
+    // outputs only at the buffer's end (the new state written 512 bytes
+    // past it).
+    refused(&h, "rwkv_wkv6 of 0 sequences", |b, base| {
+        wkv6(0, packed(7, F32, [16, 9, 1, 1], b, base, 4096), b, base)
+    });
+    refused(&h, "rwkv_wkv6 result without its state rows", |b, base| {
+        wkv6(1, at_end(7, F32, [16, 1, 1, 1], b, base), b, base)
+    });
+    // GLA: v of 0 heads (`C / HEADS`: SIGFPE).
+    refused(&h, "gated_linear_attn of 0 heads", |b, base| {
+        let mut v: Vec<RpcTensor> = (0..4)
+            .map(|i| packed(i + 1, F32, [8, 2, 1, 1], b, base, 256 * i))
+            .collect();
+        v[1].ne[1] = 0;
+        v.push(packed(5, F32, [128, 1, 1, 1], b, base, 2048));
+        linear_attn(
+            OP_GATED_LINEAR_ATTN,
+            v,
+            packed(6, F32, [16, 9, 1, 1], b, base, 4096),
+        )
+    });
+    // WKV7 of head size 8 (the SIMD path reads and writes 32-float chunks:
+    // past `b` at the buffer's end).
+    refused(&h, "rwkv_wkv7 of head size 8", |b, base| {
+        let mut v: Vec<RpcTensor> = (0..5)
+            .map(|i| packed(i + 1, F32, [8, 1, 1, 1], b, base, 256 * i))
+            .collect();
+        v.push(at_end(6, F32, [8, 1, 1, 1], b, base));
+        v.push(packed(7, F32, [64, 1, 1, 1], b, base, 2048));
+        linear_attn(OP_RWKV_WKV7, v, packed(8, F32, [8, 9, 1, 1], b, base, 4096))
+    });
+    // The valid form computes.
+    let (mut c, b, base) = session(&h);
+    let g = wkv6(1, at_end(7, F32, [16, 9, 1, 1], b, base), b, base);
+    computes(&mut c, "rwkv_wkv6", &g);
+}

@@ -1,6 +1,7 @@
 //! Op rules for the vision-encoder ops of issue 11: IM2COL, IM2COL_3D, CONV_2D,
 //! CONV_3D, CONV_2D_DW, CONV_TRANSPOSE_1D, CONV_TRANSPOSE_2D, POOL_1D, POOL_2D and UPSCALE (all
-//! modes and flags), and OUT_PROD. As in `op_shapes.rs`, each rule is what the op's
+//! modes and flags), OUT_PROD, and the linear-attention ops RWKV_WKV6,
+//! GATED_LINEAR_ATTN, RWKV_WKV7. As in `op_shapes.rs`, each rule is what the op's
 //! ggml-cpu kernel (ops.cpp of the vendored llama.cpp) asserts, aborts
 //! on, or needs to stay inside its tensors; the transposed convolutions
 //! size the graph plan's work buffer from their shapes (bounded here),
@@ -12,6 +13,9 @@ use crate::error::Result;
 use crate::protocol::tensor::{MAX_SRC, RpcTensor};
 
 /// `GGML_OP_*` of the ops checked here.
+pub(super) const OP_RWKV_WKV6: u32 = 82;
+pub(super) const OP_GATED_LINEAR_ATTN: u32 = 83;
+pub(super) const OP_RWKV_WKV7: u32 = 84;
 pub(super) const OP_OUT_PROD: u32 = 31;
 pub(super) const OP_CONV_TRANSPOSE_1D: u32 = 51;
 pub(super) const OP_IM2COL: u32 = 52;
@@ -65,6 +69,7 @@ pub(super) fn check(r: &RpcTensor, s: &[Option<&RpcTensor>; MAX_SRC]) -> Option<
             (Some(a), Some(b)) => check_conv_2d_dw(r, a, b),
             _ => refuse(r.op, "needs two sources"),
         },
+        OP_RWKV_WKV6 | OP_GATED_LINEAR_ATTN | OP_RWKV_WKV7 => check_linear_attn(r, s),
         OP_OUT_PROD => match (s[0], s[1]) {
             (Some(a), Some(b)) => check_out_prod(r, a, b),
             _ => refuse(r.op, "needs two sources"),
@@ -90,6 +95,69 @@ pub(super) fn check(r: &RpcTensor, s: &[Option<&RpcTensor>; MAX_SRC]) -> Option<
         _ => return None,
     };
     Some(checked)
+}
+
+/// RWKV_WKV6 (k, v, r, tf, td, state), GATED_LINEAR_ATTN (k, v, q, g,
+/// state), RWKV_WKV7 (r, w, k, v, a, b, state):
+/// `ggml_compute_forward_{rwkv_wkv6,gla,rwkv_wkv7}_f32` (F32 only,
+/// GGML_ABORT otherwise). Every source is read flat from its data
+/// pointer: token t, head h, element i at `t * C + h * S + i`, states at
+/// `S * C * seq + h * S * S + i * S + j`, WKV6's tf at `h * S + i`; dst is
+/// written flat, `T` rows of `C = ne0` outputs then the new states. The
+/// kernels take `HEADS` and `T` from src1, `n_seqs` from the state's ne[1]
+/// and divide by both (`C / HEADS`, `t % (T / n_seqs)`: SIGFPE on 0).
+/// Hence the builders' shapes (per-token sources [S, H, T], tf [S, H],
+/// state S * S * H * n_seqs elements, dst [S * H, T + S * n_seqs]), all
+/// contiguous F32, S, H, n_seqs >= 1, n_seqs dividing T. WKV7's SIMD path
+/// walks each head in GGML_F32_STEP chunks (up to 64 floats) with no
+/// remainder loop: S a multiple of 64.
+fn check_linear_attn(r: &RpcTensor, s: &[Option<&RpcTensor>; MAX_SRC]) -> Result<()> {
+    let op = r.op;
+    let (n_src, k_slot, tf_slot) = match op {
+        OP_RWKV_WKV6 => (6, 0, Some(3)),
+        OP_GATED_LINEAR_ATTN => (5, 0, None),
+        _ => (7, 2, None),
+    };
+    let mut srcs = Vec::with_capacity(n_src);
+    for slot in s.iter().take(n_src) {
+        match slot {
+            Some(t) if t.ty == GGML_TYPE_F32 && is_contiguous(t) => srcs.push(*t),
+            _ => return refuse(op, "linear attention sources must be contiguous F32"),
+        }
+    }
+    let k = srcs[k_slot];
+    let state = srcs[n_src - 1];
+    let (sz, h, t, n_seqs) = (ne(k, 0), ne(k, 1), ne(k, 2), ne(state, 1));
+    let per_token_ok = srcs[..n_src - 1]
+        .iter()
+        .enumerate()
+        .all(|(i, x)| match tf_slot {
+            Some(tf) if tf == i => x.ne[..2] == k.ne[..2],
+            _ => x.ne[..3] == k.ne[..3] && x.ne[3] == 1,
+        });
+    let state_ok = u128::from(nelements(state))
+        == (sz as u128) * (sz as u128) * (h as u128) * (n_seqs as u128);
+    let simd_ok = op != OP_RWKV_WKV7 || sz % 64 == 0;
+    if sz < 1
+        || h < 1
+        || n_seqs < 1
+        || t % n_seqs != 0
+        || !per_token_ok
+        || !state_ok
+        || !simd_ok
+        || r.ty != GGML_TYPE_F32
+        || !is_contiguous(r)
+        || [ne(r, 0), ne(r, 1), ne(r, 2), ne(r, 3)] != [sz * h, t + sz * n_seqs, 1, 1]
+    {
+        return refuse(
+            op,
+            format!(
+                "linear attention of k {:?}, state {:?} into {:?}",
+                k.ne, state.ne, r.ne
+            ),
+        );
+    }
+    Ok(())
 }
 
 /// OUT_PROD: `ggml_compute_forward_out_prod_{f32,f16_f32}` by src0's
