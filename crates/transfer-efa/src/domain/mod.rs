@@ -93,6 +93,9 @@ pub(crate) struct PendingRecv {
 /// order: the endpoint closes first (cancelling what is in flight), then
 /// the contexts and registrations it used, then CQ, AV, domain, fabric.
 pub struct LibfabricDomain {
+    /// The shm endpoint's name (`trx<pid>-<random>-<n>`), whose shared
+    /// memory files are removed when the domain is dropped.
+    pub(crate) shm_name: Option<String>,
     pub(crate) ep: Endpoint,
     pub(crate) slots: SlotPool,
     pub(crate) mrs: HashMap<u64, MemoryRegistration>,
@@ -162,7 +165,40 @@ impl Drop for LibfabricDomain {
         self.fabric.ptr = std::ptr::null_mut();
         std::mem::forget(std::mem::take(&mut self.slots));
         std::mem::forget(self.bounce.take());
+        // The leaked endpoint keeps its mapping; the names go, so that
+        // /dev/shm does not fill up with a region per closed domain
+        // (measured: 1146 files, 4.3 GB, after a day of test runs).
+        if let Some(name) = &self.shm_name {
+            remove_shm_files(|f| f.starts_with(&format!("{name}:")));
+        }
     }
+}
+
+/// Removes the files in /dev/shm that `pick` selects (best effort).
+fn remove_shm_files(pick: impl Fn(&str) -> bool) {
+    let Ok(dir) = std::fs::read_dir("/dev/shm") else {
+        return;
+    };
+    for entry in dir.flatten() {
+        if entry.file_name().to_str().is_some_and(&pick) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// Removes shm files of this crate's naming whose process is gone (a
+/// process killed before it could drop its domains).
+fn remove_stale_shm_files() {
+    remove_shm_files(|f| {
+        let Some(rest) = f.strip_prefix("trx") else {
+            return false;
+        };
+        let Some((pid, _)) = rest.split_once('-') else {
+            return false;
+        };
+        pid.parse::<u32>()
+            .is_ok_and(|p| !std::path::Path::new(&format!("/proc/{p}")).exists())
+    });
 }
 
 impl std::fmt::Debug for LibfabricDomain {
@@ -243,13 +279,21 @@ pub fn open_loopback_domains(config: &LibfabricConfig, n: usize) -> Result<Vec<L
 
 impl LibfabricDomain {
     pub(crate) fn open(mut info: OwnedInfo, config: &LibfabricConfig) -> Result<Self> {
+        let mut shm_name = None;
         if info.provider_name() == "shm" && info.addr_format() == sys::FI_ADDR_STR {
             // shm derives the endpoint's name from the source address plus
             // a counter it restarts, which collides with the endpoints our
             // Drop leaks (fi_enable: EBUSY): give each one a name of its own.
+            // The random part keeps a later process that gets the same pid
+            // from colliding with files a killed one left (seen: EBUSY).
             static NEXT: AtomicU64 = AtomicU64::new(0);
             let n = NEXT.fetch_add(1, AtomicOrdering::Relaxed);
-            info.set_src_addr_str(&format!("fi_shm://{}-{n}", std::process::id()))?;
+            let mut r = [0u8; 4];
+            let salt = getrandom::getrandom(&mut r).map_or(0, |()| u32::from_le_bytes(r));
+            let name = format!("trx{}-{salt:08x}-{n}", std::process::id());
+            info.set_src_addr_str(&format!("fi_shm://{name}"))?;
+            remove_stale_shm_files();
+            shm_name = Some(name);
         }
         let lib = info.library().clone();
         let fabric = Fabric::open(&info)?;
@@ -305,6 +349,7 @@ impl LibfabricDomain {
             } else {
                 0
             },
+            shm_name,
             info,
             lib,
             config: config.clone(),
