@@ -16,11 +16,12 @@ const USAGE: &str = "\
 usage: cargo xtask <command> [options]
 
 commands:
-  test [--no-vm] [--no-ggml]
+  test [--no-vm] [--no-ggml] [--no-python] [--python-only]
                       install what is needed, then fmt check, clippy -D warnings,
                       every test of the workspace, transfer-rpc against real
-                      ggml / llama.cpp, and the verbs suite on soft-RoCE in a VM
-                      (the CI command; the flags skip the two long steps)
+                      ggml / llama.cpp, the Python package's pytest suite, and
+                      the verbs suite on soft-RoCE in a VM (the CI command; the
+                      flags skip steps, --python-only runs just that one)
   bench [options]     the main job: the engine between two processes on this
                       machine over the default provider, next to raw baselines
                       (--quick, --full, --provider P, --nics N)

@@ -13,11 +13,11 @@
 //! is tested without hardware. The real backends live in `transfer-efa` and
 //! `transfer-verbs`.
 
+pub mod c_layout;
 #[cfg(feature = "test-domain")]
 mod domain;
 #[cfg(feature = "test-domain")]
 mod fabric;
-pub mod c_layout;
 pub mod require;
 
 #[cfg(feature = "test-domain")]
