@@ -266,6 +266,32 @@ fn open(
     Ok((engine, name, count))
 }
 
+/// The native ibverbs backend (ConnectX, soft-RoCE): `nics` domains on the
+/// device `TRANSFER_VERBS_DEVICE` names (default: the first with an active
+/// port); port and GID index from the TRANSFER_VERBS_* environment.
+fn open_verbs(nics: Option<usize>, busy_poll: bool) -> CoreResult<(TransferEngine, String, usize)> {
+    if nics == Some(0) {
+        return Err(TransferError::invalid("Engine", "nics must be at least 1"));
+    }
+    let cfg = transfer_verbs::VerbsConfig::from_env();
+    let count = nics.unwrap_or(1);
+    let domains = transfer_verbs::VerbsDomain::open_many(&cfg, count)?;
+    let idle = if busy_poll {
+        IdlePolicy::busy_poll()
+    } else {
+        IdlePolicy::default()
+    };
+    let engine = TransferEngine::builder()
+        .idle_policy(idle)
+        .group(domains)
+        .build()?;
+    let name = format!(
+        "ibverbs {}",
+        cfg.device.as_deref().unwrap_or("(first active device)")
+    );
+    Ok((engine, name, count))
+}
+
 /// Whether `a` and `b` belong to the same engine.
 fn same(a: &Arc<Shared>, b: &Arc<Shared>, what: &str) -> PyResult<()> {
     if Arc::ptr_eq(a, b) {
@@ -318,7 +344,10 @@ impl Engine {
 
 #[pymethods]
 impl Engine {
-    /// Starts an engine. `backend`: "auto" or "libfabric". `provider`:
+    /// Starts an engine. `backend`: "auto" or "libfabric" (libfabric), or
+    /// "verbs" (the native ibverbs backend: ConnectX, soft-RoCE; the device
+    /// from TRANSFER_VERBS_DEVICE, else the first with an active port).
+    /// `provider`:
     /// a libfabric provider ("tcp", "shm", "efa", ...; default: the
     /// `TRANSFER_PROVIDER` variable, else EFA when present, else tcp).
     /// `nics`: NICs (domains) to use (default: every EFA NIC, else 1).
@@ -337,26 +366,37 @@ impl Engine {
         peer_timeout: Option<f64>,
         busy_poll: bool,
     ) -> PyResult<Self> {
-        match backend {
-            "auto" | "libfabric" => {}
+        let verbs = match backend {
+            "auto" | "libfabric" => false,
+            "verbs" | "ibverbs" => true,
             other => {
                 return Err(invalid(
                     "Engine",
                     format!(
-                        "unknown backend {other:?} (the Python package offers \"auto\" and \"libfabric\")"
+                        "unknown backend {other:?} (\"auto\", \"libfabric\" or \"verbs\")"
                     ),
                 ));
             }
+        };
+        if verbs && (provider.is_some() || bind.is_some()) {
+            return Err(invalid(
+                "Engine",
+                "provider= and bind= are libfabric options; the verbs device comes from TRANSFER_VERBS_DEVICE",
+            ));
         }
         let (engine, provider, nics) = py
             .detach(|| {
-                open(
-                    provider.as_deref(),
-                    nics,
-                    bind.as_deref(),
-                    peer_timeout,
-                    busy_poll,
-                )
+                if verbs {
+                    open_verbs(nics, busy_poll)
+                } else {
+                    open(
+                        provider.as_deref(),
+                        nics,
+                        bind.as_deref(),
+                        peer_timeout,
+                        busy_poll,
+                    )
+                }
             })
             .py()?;
         let address = engine.address().to_bytes().py()?;
@@ -385,10 +425,14 @@ impl Engine {
         &self.provider
     }
 
-    /// The backend ("libfabric").
+    /// The backend ("libfabric" or "verbs").
     #[getter]
     fn backend(&self) -> &'static str {
-        "libfabric"
+        if self.provider.starts_with("ibverbs") {
+            "verbs"
+        } else {
+            "libfabric"
+        }
     }
 
     /// Number of NICs (domains).

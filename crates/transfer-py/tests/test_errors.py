@@ -39,6 +39,24 @@ def test_bad_engine_arguments() -> None:
         transfer.Engine(provider="no-such-provider")
 
 
+def test_verbs_backend_without_a_device_is_a_clear_error() -> None:
+    # This machine has no RDMA device (no /sys/class/infiniband entries):
+    # the verbs backend must refuse with an error naming the problem, not
+    # crash; where a device exists it opens.
+    import os
+
+    devices = os.listdir("/sys/class/infiniband") if os.path.isdir("/sys/class/infiniband") else []
+    if devices:
+        with transfer.Engine(backend="verbs") as e:
+            assert e.backend == "verbs"
+        return
+    with pytest.raises(transfer.TransferError) as info:
+        transfer.Engine(backend="verbs")
+    assert str(info.value)
+    with pytest.raises(transfer.InvalidArgument, match="libfabric options"):
+        transfer.Engine(backend="verbs", provider="tcp")
+
+
 def test_bad_address_and_descriptor(engine: Any, peer: Peer) -> None:
     with pytest.raises(transfer.InvalidArgument) as e:
         engine.connect(b"\x00garbage")

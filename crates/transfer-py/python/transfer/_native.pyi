@@ -86,7 +86,7 @@ class Engine:
 
     def __init__(
         self,
-        backend: Literal["auto", "libfabric"] = "auto",
+        backend: Literal["auto", "libfabric", "verbs", "ibverbs"] = "auto",
         provider: str | None = None,
         nics: int | None = None,
         *,
