@@ -372,9 +372,7 @@ impl Engine {
             other => {
                 return Err(invalid(
                     "Engine",
-                    format!(
-                        "unknown backend {other:?} (\"auto\", \"libfabric\" or \"verbs\")"
-                    ),
+                    format!("unknown backend {other:?} (\"auto\", \"libfabric\" or \"verbs\")"),
                 ));
             }
         };
