@@ -114,6 +114,26 @@ pub(super) fn f32_param(r: &RpcTensor, i: usize) -> f32 {
     f32::from_bits(r.op_params[i] as u32)
 }
 
+/// Bytes of one block of `ty` (0 for an unknown type, which
+/// `check_tensor` has refused before any op rule runs).
+pub(super) fn type_size(ty: u32) -> u64 {
+    type_info(ty).map_or(0, |i| i.type_size)
+}
+
+/// An F32 or F16 map of one source into a result of its type and shape,
+/// for kernels that walk `ggml_nrows` rows of packed elements at
+/// `i * nb1` / `i * nb01` (one flat run) and GGML_ABORT on other types
+/// (CLAMP, LEAKY_RELU).
+pub(super) fn same_type_flat_map(r: &RpcTensor, a: &RpcTensor) -> bool {
+    matches!(a.ty, GGML_TYPE_F32 | GGML_TYPE_F16)
+        && r.ty == a.ty
+        && r.ne == a.ne
+        && rows_contiguous(r)
+        && rows_contiguous(a)
+        && flat_walk(r)
+        && flat_walk(a)
+}
+
 /// Rows are contiguous: the first dimension is packed.
 pub(super) fn rows_contiguous(t: &RpcTensor) -> bool {
     type_info(t.ty).is_some_and(|i| u64::from(t.nb[0]) == i.type_size)

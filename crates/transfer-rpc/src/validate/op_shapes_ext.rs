@@ -11,9 +11,9 @@
 use super::cpu_types;
 use super::op_shapes::{
     can_repeat, cpu_mul_mat_src0, divides, f32_param, flat_walk, float, is_contiguous, nelements,
-    refuse, rows_contiguous, strides_ordered,
+    refuse, rows_contiguous, same_type_flat_map, strides_ordered,
 };
-use super::types::{GGML_TYPE_F16, GGML_TYPE_F32, GGML_TYPE_I32, type_info};
+use super::types::{GGML_TYPE_F16, GGML_TYPE_F32, GGML_TYPE_I32};
 use crate::error::Result;
 use crate::protocol::tensor::{MAX_SRC, RpcTensor};
 
@@ -49,16 +49,6 @@ pub(super) const OP_TOP_K: u32 = 70;
 /// large id tensor would ask for terabytes. 256 MiB covers 256 experts,
 /// 8 per token, 16384 tokens.
 pub const MAX_MUL_MAT_ID_MAP: u64 = 256 << 20;
-
-fn type_size(ty: u32) -> u64 {
-    type_info(ty).map_or(0, |i| i.type_size)
-}
-
-/// `nb[0]` is exactly the element size: the kernels that GGML_ASSERT it
-/// do so whatever `ne[0]` is.
-fn nb0_is_element(t: &RpcTensor) -> bool {
-    u64::from(t.nb[0]) == type_size(t.ty)
-}
 
 /// Checks one node of an op of this module; `None` for other ops.
 pub(super) fn check(r: &RpcTensor, s: &[Option<&RpcTensor>; MAX_SRC]) -> Option<Result<()>> {
@@ -111,9 +101,9 @@ fn check_add_id(r: &RpcTensor, s: &[Option<&RpcTensor>; MAX_SRC]) -> Result<()> 
         || a.ty != GGML_TYPE_F32
         || b.ty != GGML_TYPE_F32
         || ids.ty != GGML_TYPE_I32
-        || !nb0_is_element(r)
-        || !nb0_is_element(a)
-        || !nb0_is_element(b)
+        || !rows_contiguous(r)
+        || !rows_contiguous(a)
+        || !rows_contiguous(b)
         || r.ne != a.ne
         || b.ne[0] != a.ne[0]
         || ids.ne[0] != a.ne[1]
@@ -141,11 +131,11 @@ fn check_mul_mat_id(r: &RpcTensor, s: &[Option<&RpcTensor>; MAX_SRC]) -> Result<
     // converted with GGML_ASSERT(src1->type == GGML_TYPE_F32).
     let src1_ok = b.ty == GGML_TYPE_F32 || Some(b.ty) == cpu_types::vec_dot_type(a.ty);
     if !cpu_mul_mat_src0(a.ty)
-        || !nb0_is_element(a)
+        || !rows_contiguous(a)
         || a.nb[0] > a.nb[1]
         || a.ne[3] != 1
         || !src1_ok
-        || !nb0_is_element(b)
+        || !rows_contiguous(b)
         || b.ne[3] != 1
         || b.ne[0] != a.ne[0]
         || ids.ty != GGML_TYPE_I32
@@ -245,7 +235,7 @@ fn check_sqr(r: &RpcTensor, a: &RpcTensor) -> Result<()> {
     // sizeof(dst_t), nb00 == sizeof(src0_t); rows by their strides.
     let types_ok = r.ty == a.ty && float(a.ty)
         || (r.ty == GGML_TYPE_F32 && matches!(a.ty, GGML_TYPE_F16 | GGML_TYPE_BF16));
-    if !types_ok || r.ne != a.ne || !nb0_is_element(r) || !nb0_is_element(a) {
+    if !types_ok || r.ne != a.ne || !rows_contiguous(r) || !rows_contiguous(a) {
         return refuse(r.op, "sqr/sqrt shapes/types");
     }
     Ok(())
@@ -304,7 +294,7 @@ fn check_repeat(r: &RpcTensor, a: &RpcTensor) -> Result<()> {
         a.ty,
         GGML_TYPE_F16 | GGML_TYPE_BF16 | GGML_TYPE_I16 | GGML_TYPE_F32 | GGML_TYPE_I32
     );
-    if !type_ok || r.ty != a.ty || !can_repeat(a, r) || !nb0_is_element(a) || !nb0_is_element(r) {
+    if !type_ok || r.ty != a.ty || !can_repeat(a, r) || !rows_contiguous(a) || !rows_contiguous(r) {
         return refuse(r.op, "repeat shapes/types");
     }
     Ok(())
@@ -401,14 +391,7 @@ fn check_diag_mask_inf(r: &RpcTensor, a: &RpcTensor) -> Result<()> {
 fn check_clamp(r: &RpcTensor, a: &RpcTensor) -> Result<()> {
     // GGML_ASSERT(nb0 == nb00 == element size); dst of src0's shape and
     // type (ggml_clamp); min / max are plain floats (MAX(MIN(x, max), min)).
-    if !matches!(a.ty, GGML_TYPE_F32 | GGML_TYPE_F16)
-        || r.ty != a.ty
-        || r.ne != a.ne
-        || !nb0_is_element(r)
-        || !nb0_is_element(a)
-        || !flat_walk(r)
-        || !flat_walk(a)
-    {
+    if !same_type_flat_map(r, a) {
         return refuse(r.op, "clamp shapes/types");
     }
     Ok(())
@@ -474,6 +457,7 @@ fn check_sort(r: &RpcTensor, a: &RpcTensor) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::validate::types::type_info;
 
     fn packed(ty: u32, ne: [u32; 4]) -> RpcTensor {
         let (bs, ts) = type_info(ty).map_or((1, 4), |i| (i.block_size, i.type_size));

@@ -6,8 +6,10 @@
 //! unary-ops.cpp of the vendored llama.cpp) asserts, aborts on, or needs
 //! to stay inside its tensors.
 
-use super::op_shapes::{f32_param, flat_walk, float, is_contiguous, nelements, refuse};
-use super::types::{GGML_TYPE_F16, GGML_TYPE_F32, GGML_TYPE_I32, GGML_TYPE_I64, type_info};
+use super::op_shapes::{
+    f32_param, float, is_contiguous, nelements, refuse, rows_contiguous, same_type_flat_map,
+};
+use super::types::{GGML_TYPE_F16, GGML_TYPE_F32, GGML_TYPE_I32, GGML_TYPE_I64};
 use crate::error::Result;
 use crate::protocol::tensor::{MAX_SRC, RpcTensor};
 
@@ -30,15 +32,6 @@ pub(super) const OP_TRI: u32 = 72;
 pub(super) const OP_FILL: u32 = 73;
 pub(super) const OP_SSM_CONV: u32 = 76;
 pub(super) const OP_SSM_SCAN: u32 = 77;
-
-fn type_size(ty: u32) -> u64 {
-    type_info(ty).map_or(0, |i| i.type_size)
-}
-
-/// `nb[0]` is exactly the element size.
-fn nb0_is_element(t: &RpcTensor) -> bool {
-    u64::from(t.nb[0]) == type_size(t.ty)
-}
 
 /// Checks one node of an op of this module; `None` for other ops.
 pub(super) fn check(r: &RpcTensor, s: &[Option<&RpcTensor>; MAX_SRC]) -> Option<Result<()>> {
@@ -77,7 +70,7 @@ pub(super) fn check(r: &RpcTensor, s: &[Option<&RpcTensor>; MAX_SRC]) -> Option<
 fn check_unary_op(r: &RpcTensor, a: &RpcTensor) -> Result<()> {
     let types_ok = r.ty == a.ty && float(a.ty)
         || (r.ty == GGML_TYPE_F32 && matches!(a.ty, GGML_TYPE_F16 | GGML_TYPE_BF16));
-    if !types_ok || r.ne != a.ne || !nb0_is_element(r) || !nb0_is_element(a) {
+    if !types_ok || r.ne != a.ne || !rows_contiguous(r) || !rows_contiguous(a) {
         return refuse(r.op, "log/sin/cos shapes/types");
     }
     Ok(())
@@ -106,8 +99,8 @@ fn check_add1(r: &RpcTensor, s: &[Option<&RpcTensor>; MAX_SRC]) -> Result<()> {
         || r.ty != a.ty
         || r.ne != a.ne
         || b.ne != [1, 1, 1, 1]
-        || !nb0_is_element(r)
-        || !nb0_is_element(a)
+        || !rows_contiguous(r)
+        || !rows_contiguous(a)
     {
         return refuse(op, "add1 shapes/types");
     }
@@ -288,14 +281,7 @@ fn check_timestep_embedding(r: &RpcTensor, a: &RpcTensor) -> Result<()> {
 /// written as the source type, `ggml_nrows` rows of ne0 packed elements
 /// at `i * nb1` / `i * nb01` (one flat run, asserts compiled out).
 fn check_leaky_relu(r: &RpcTensor, a: &RpcTensor) -> Result<()> {
-    if !matches!(a.ty, GGML_TYPE_F32 | GGML_TYPE_F16)
-        || r.ty != a.ty
-        || r.ne != a.ne
-        || !nb0_is_element(r)
-        || !nb0_is_element(a)
-        || !flat_walk(r)
-        || !flat_walk(a)
-    {
+    if !same_type_flat_map(r, a) {
         return refuse(r.op, "leaky_relu shapes/types");
     }
     Ok(())
@@ -325,7 +311,7 @@ fn check_tri(r: &RpcTensor, a: &RpcTensor) -> Result<()> {
 /// FILL: `_fill_{f32,f16}` by src0's type (GGML_ABORT otherwise): dst
 /// rows of ne0 packed elements of that type set to op_params[0].
 fn check_fill(r: &RpcTensor, a: &RpcTensor) -> Result<()> {
-    if !matches!(a.ty, GGML_TYPE_F32 | GGML_TYPE_F16) || r.ty != a.ty || !nb0_is_element(r) {
+    if !matches!(a.ty, GGML_TYPE_F32 | GGML_TYPE_F16) || r.ty != a.ty || !rows_contiguous(r) {
         return refuse(r.op, "fill shapes/types");
     }
     Ok(())

@@ -7,8 +7,8 @@
 //! size the graph plan's work buffer from their shapes (bounded here),
 //! CONV_2D / CONV_3D use a fixed 16 MiB one.
 
-use super::op_shapes::{flat_walk, is_contiguous, nelements, refuse, rows_contiguous};
-use super::types::{GGML_TYPE_F16, GGML_TYPE_F32, type_info};
+use super::op_shapes::{flat_walk, is_contiguous, nelements, refuse, rows_contiguous, type_size};
+use super::types::{GGML_TYPE_F16, GGML_TYPE_F32};
 use crate::error::Result;
 use crate::protocol::tensor::{MAX_SRC, RpcTensor};
 
@@ -52,10 +52,6 @@ const IM2COL_WORK_SIZE: u64 = 16 << 20;
 /// each thread `ne00` floats of work buffer to widen a row into (1M
 /// floats: 4 MiB a thread, 256 MiB for 64 threads).
 pub const MAX_OUT_PROD_F16_ROW: u32 = 1 << 20;
-
-fn type_size(ty: u32) -> u64 {
-    type_info(ty).map_or(0, |i| i.type_size)
-}
 
 fn ne(t: &RpcTensor, d: usize) -> i64 {
     i64::from(t.ne[d])
