@@ -11,20 +11,15 @@
 
 mod common;
 
+use common::crash_harness::*;
 use common::*;
-use transfer_rpc::client::Client;
 use transfer_rpc::protocol::{GraphPayload, RpcTensor};
-use transfer_rpc::server::ServerHandle;
-
-const COMPUTE: i32 = 16;
-const BUF: u64 = 1 << 16;
 
 const F32: u32 = 0;
 const F16: u32 = 1;
 const I32: u32 = 26;
 const BF16: u32 = 30;
 
-const OP_ADD: u32 = 2;
 const OP_NORM: u32 = 24;
 const OP_RMS_NORM: u32 = 25;
 const OP_MUL_MAT: u32 = 29;
@@ -38,128 +33,6 @@ const UNARY_XIELU: i32 = 17;
 const GLU_SWIGLU: i32 = 2;
 const GLU_SWIGLU_OAI: i32 = 3;
 const GLU_SWIGLU_CLAMP: i32 = 6;
-
-fn type_size(ty: u32) -> u32 {
-    match ty {
-        F16 | BF16 => 2,
-        _ => 4,
-    }
-}
-
-/// A tensor of `ty` with shape `ne` and strides `nb` at `offset` in the
-/// buffer `(b, base)`.
-fn tensor(
-    id: u64,
-    ty: u32,
-    ne: [u32; 4],
-    nb: [u32; 4],
-    b: u64,
-    base: u64,
-    offset: u64,
-) -> RpcTensor {
-    RpcTensor {
-        id,
-        ty,
-        buffer: b,
-        ne,
-        nb,
-        data: base + offset,
-        ..RpcTensor::default()
-    }
-}
-
-/// A packed tensor (ggml_new_tensor strides).
-fn packed(id: u64, ty: u32, ne: [u32; 4], b: u64, base: u64, offset: u64) -> RpcTensor {
-    let s = type_size(ty);
-    let nb = [s, s * ne[0], s * ne[0] * ne[1], s * ne[0] * ne[1] * ne[2]];
-    tensor(id, ty, ne, nb, b, base, offset)
-}
-
-/// `t` as a node of `op` over the source ids `srcs`.
-fn node(mut t: RpcTensor, op: u32, srcs: &[u64]) -> RpcTensor {
-    t.op = op;
-    for (slot, &s) in t.src.iter_mut().zip(srcs) {
-        *slot = s;
-    }
-    t.flags = COMPUTE;
-    t
-}
-
-fn set_f32(t: &mut RpcTensor, i: usize, v: f32) {
-    t.op_params[i] = v.to_bits() as i32;
-}
-
-/// A graph of one node (the last tensor) over the other tensors.
-fn one_node(tensors: Vec<RpcTensor>) -> GraphPayload {
-    let id = tensors.last().map_or(0, |t| t.id);
-    GraphPayload {
-        device: 0,
-        nodes: vec![id],
-        tensors,
-    }
-}
-
-/// Waits (briefly) until the server has counted `n` refused connections.
-fn wait_refused(h: &ServerHandle, n: u64) {
-    for _ in 0..200 {
-        if h.shared().refused_connections() >= n {
-            return;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    panic!(
-        "expected {n} refused connections, server counted {}",
-        h.shared().refused_connections()
-    );
-}
-
-/// A fresh session computes ADD([1, 2, 3, 4], [10, 20, 30, 40]).
-fn server_still_computes(h: &ServerHandle) {
-    let mut c = connect(h);
-    let (b, base) = alloc(&mut c, 4096);
-    let x = packed(1, F32, [4, 1, 1, 1], b, base, 0);
-    let y = packed(2, F32, [4, 1, 1, 1], b, base, 64);
-    c.set_tensor(&x, 0, &f32_bytes(&[1.0, 2.0, 3.0, 4.0]))
-        .unwrap();
-    c.set_tensor(&y, 0, &f32_bytes(&[10.0, 20.0, 30.0, 40.0]))
-        .unwrap();
-    let r = node(packed(3, F32, [4, 1, 1, 1], b, base, 128), OP_ADD, &[1, 2]);
-    c.graph_compute(&one_node(vec![x, y, r.clone()])).unwrap();
-    assert_eq!(
-        floats(&c.get_tensor(&r, 0, 16).unwrap()),
-        vec![11.0, 22.0, 33.0, 44.0]
-    );
-}
-
-/// Sends the graph `build` makes in a fresh buffer of `BUF` bytes: it
-/// must be refused (the connection closes, counted as refused) and the
-/// server must keep computing.
-fn refused(h: &ServerHandle, what: &str, build: impl FnOnce(u64, u64) -> GraphPayload) {
-    let before = h.shared().refused_connections();
-    let mut c = connect(h);
-    let (b, base) = alloc(&mut c, BUF);
-    c.graph_compute(&build(b, base)).unwrap();
-    assert!(is_closed(&mut c), "{what}: was not refused");
-    wait_refused(h, before + 1);
-    server_still_computes(h);
-}
-
-/// A session with a fresh buffer of `BUF` bytes.
-fn session(h: &ServerHandle) -> (Client, u64, u64) {
-    let mut c = connect(h);
-    let (b, base) = alloc(&mut c, BUF);
-    (c, b, base)
-}
-
-/// Computes `g` on `c`, which must stay connected.
-fn computes(c: &mut Client, what: &str, g: &GraphPayload) {
-    c.graph_compute(g).unwrap();
-    assert!(!is_closed(c), "{what}: was refused");
-}
-
-fn read(c: &mut Client, t: &RpcTensor, n: u64) -> Vec<f32> {
-    floats(&c.get_tensor(t, 0, 4 * n).unwrap())
-}
 
 fn assert_close(got: &[f32], want: &[f32], what: &str) {
     assert_eq!(got.len(), want.len(), "{what}");
@@ -402,7 +275,7 @@ fn rope_graph(
         srcs.push(3);
     }
     // The result ends where the buffer ends: a write past it faults.
-    let r_offset = BUF - u64::from(ne0 * 6 * type_size(ty));
+    let r_offset = BUF - u64::from(ne0 * 6 * layout(ty).1);
     let mut r = node(
         packed(4, ty, [ne0, 2, 3, 1], b, base, r_offset),
         OP_ROPE,

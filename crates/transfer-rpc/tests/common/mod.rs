@@ -3,6 +3,9 @@
 
 use std::sync::Arc;
 
+#[cfg(feature = "ggml")]
+pub mod crash_harness;
+
 use transfer_rpc::client::{Client, ClientConfig};
 use transfer_rpc::protocol::RpcTensor;
 use transfer_rpc::server::peer::PeerAllow;
