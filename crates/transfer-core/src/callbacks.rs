@@ -26,6 +26,28 @@ pub(crate) struct CallbackQueue {
 }
 
 impl CallbackQueue {
+    /// A queue without a thread, drained by [`CallbackQueue::run_pending`]
+    /// (caller-driven engines run callbacks inside `progress`).
+    pub(crate) fn inline() -> Arc<Self> {
+        Arc::new(Self {
+            jobs: SegQueue::new(),
+            stop: AtomicBool::new(false),
+            thread: std::sync::OnceLock::new(),
+        })
+    }
+
+    /// Runs every queued callback on this thread; returns whether any ran.
+    pub(crate) fn run_pending(&self) -> bool {
+        let mut ran = false;
+        while let Some(job) = self.jobs.pop() {
+            ran = true;
+            // As on the callback thread: a panicking user callback must not
+            // take the engine's notifications down with it.
+            let _ = catch_unwind(AssertUnwindSafe(job));
+        }
+        ran
+    }
+
     pub(crate) fn push(&self, job: Job) {
         self.jobs.push(job);
         if let Some(t) = self.thread.get() {
@@ -83,14 +105,8 @@ impl CallbackThread {
 
 fn run(q: &CallbackQueue) {
     loop {
-        let mut ran = false;
-        while let Some(job) = q.jobs.pop() {
-            ran = true;
-            // A panicking user callback must not take the engine's
-            // notifications down with it; the panic message is printed by
-            // the default hook.
-            let _ = catch_unwind(AssertUnwindSafe(job));
-        }
+        // A panicking callback is caught there; the default hook prints it.
+        let ran = q.run_pending();
         if q.stop.load(Ordering::Acquire) && q.jobs.is_empty() {
             return;
         }

@@ -14,6 +14,11 @@ use std::time::Duration;
 
 use crate::error::{Result, TransferError};
 use crate::oneshot;
+use crate::progress::CallerProgress;
+
+/// Set when the pending's transfer went to a caller-driven engine: waiting
+/// on it must drive that engine's NICs.
+type Driver = Arc<OnceLock<Arc<CallerProgress>>>;
 
 /// A completion callback; it receives the transfer's outcome.
 pub type Callback = Box<dyn FnOnce(Result<()>) + Send + 'static>;
@@ -47,16 +52,28 @@ impl Notify {
     /// A notification and the [`Pending`] it fills.
     pub fn pending() -> (Self, Pending) {
         let (tx, rx) = oneshot::channel();
-        (Notify::Pending(PendingSender(tx)), Pending(rx))
+        let driver = Driver::default();
+        (
+            Notify::Pending(PendingSender(tx, driver.clone())),
+            Pending(rx, driver),
+        )
     }
 }
 
 /// The worker-side half of a [`Pending`].
-pub struct PendingSender(oneshot::Sender<Result<()>>);
+pub struct PendingSender(oneshot::Sender<Result<()>>, Driver);
+
+impl PendingSender {
+    /// The transfer goes to a caller-driven engine.
+    pub(crate) fn attach(&self, caller: &Arc<CallerProgress>) {
+        let _ = self.1.set(caller.clone());
+    }
+}
 
 /// A transfer in flight: block on it ([`Pending::wait`]) or `.await` it
-/// with any executor.
-pub struct Pending(oneshot::Receiver<Result<()>>);
+/// with any executor. With a caller-driven engine
+/// ([`crate::ProgressMode::Caller`]) waiting and polling drive its NICs.
+pub struct Pending(oneshot::Receiver<Result<()>>, Driver);
 
 impl Pending {
     /// Whether the transfer finished.
@@ -66,6 +83,9 @@ impl Pending {
 
     /// Blocks until the transfer finishes.
     pub fn wait(self) -> Result<()> {
+        if let Some(c) = self.1.get() {
+            c.wait_until("Pending::wait", None, || self.0.is_settled())?;
+        }
         self.0.wait().unwrap_or(Err(TransferError::Shutdown {
             call: "Pending::wait",
         }))
@@ -73,6 +93,18 @@ impl Pending {
 
     /// Blocks up to `timeout`; a timeout is an error (the transfer goes on).
     pub fn wait_timeout(self, timeout: Duration) -> Result<()> {
+        let timeout = match self.1.get() {
+            Some(c) => {
+                match c.wait_until("Pending::wait_timeout", Some(timeout), || {
+                    self.0.is_settled()
+                }) {
+                    // Settled (or timed out: the zero wait below says so).
+                    Ok(()) | Err(TransferError::Timeout { .. }) => Duration::ZERO,
+                    Err(e) => return Err(e),
+                }
+            }
+            None => timeout,
+        };
         match self.0.wait_timeout(timeout) {
             Ok(r) => r,
             Err(_) => Err(TransferError::Timeout {
@@ -87,11 +119,20 @@ impl Future for Pending {
     type Output = Result<()>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        Pin::new(&mut self.0).poll(cx).map(|r| {
+        let caller = self.1.get().cloned();
+        if let Some(c) = &caller {
+            c.progress();
+        }
+        let polled = Pin::new(&mut self.0).poll(cx).map(|r| {
             r.unwrap_or(Err(TransferError::Shutdown {
                 call: "Pending::poll",
             }))
-        })
+        });
+        if polled.is_pending() && caller.is_some() {
+            // Only callers move a caller-driven engine: ask to be polled again.
+            cx.waker().wake_by_ref();
+        }
+        polled
     }
 }
 

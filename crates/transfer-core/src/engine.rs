@@ -18,6 +18,7 @@ use crate::job::{Job, SpanJob};
 use crate::memory::{MemoryLocation, MemorySpan, RemoteRegion};
 use crate::oneshot;
 use crate::peer::{Peer, PeerGroup, PeerInner, RemoteTarget};
+use crate::progress::{CallerProgress, InlineWorker, ProgressHandle, ProgressMode, in_pass};
 use crate::recv_pool::{RecvCallback, RecvPool};
 use crate::region::{HostBuffer, LocalRegion, RegionInner};
 use crate::request::{
@@ -37,10 +38,19 @@ pub const DEFAULT_QUEUE_CAPACITY: usize = 4096;
 /// some must be kept; this many distinct values cost a few MiB at most.
 pub const DEFAULT_MAX_UNEXPECTED_IMMS: usize = 65_536;
 
-type Spawner = Box<dyn FnOnce(&SpawnContext) -> Result<(GroupAddress, WorkerHandle)>>;
+type Spawner = Box<dyn FnOnce(&SpawnContext) -> Result<Spawned>>;
+
+/// A started group: its address, its queue, and its worker state when
+/// callers drive it (else a thread owns that state).
+struct Spawned {
+    addr: GroupAddress,
+    handle: WorkerHandle,
+    inline: Option<Box<dyn InlineWorker>>,
+}
 
 struct SpawnContext {
     index: usize,
+    mode: ProgressMode,
     idle: IdlePolicy,
     policy: ShardPolicy,
     pin: bool,
@@ -64,6 +74,7 @@ pub struct EngineBuilder {
     pin: bool,
     queue_capacity: usize,
     max_unexpected_imms: usize,
+    progress: ProgressMode,
     errors: Vec<TransferError>,
 }
 
@@ -77,6 +88,7 @@ impl Default for EngineBuilder {
             pin: true,
             queue_capacity: DEFAULT_QUEUE_CAPACITY,
             max_unexpected_imms: DEFAULT_MAX_UNEXPECTED_IMMS,
+            progress: ProgressMode::Thread,
             errors: Vec::new(),
         }
     }
@@ -146,7 +158,15 @@ impl EngineBuilder {
         self
     }
 
-    /// Starts the workers and the callback thread.
+    /// Who drives the NICs (default [`ProgressMode::Thread`]: a worker
+    /// thread per group). [`ProgressMode::Caller`] starts no thread at all.
+    pub fn progress(mut self, mode: ProgressMode) -> Self {
+        self.progress = mode;
+        self
+    }
+
+    /// Starts the workers and the callback thread (none of either with
+    /// [`ProgressMode::Caller`]).
     pub fn build(self) -> Result<TransferEngine> {
         const CALL: &str = "EngineBuilder::build";
         if let Some(e) = self.errors.into_iter().next() {
@@ -165,49 +185,67 @@ impl EngineBuilder {
                 got: other,
             });
         }
-        let callback_thread = CallbackThread::spawn("transfer-callbacks".into()).map_err(|e| {
-            TransferError::invalid(CALL, format!("spawning the callback thread: {e}"))
-        })?;
+        let (callbacks, callback_thread) = match self.progress {
+            ProgressMode::Thread => {
+                let t = CallbackThread::spawn("transfer-callbacks".into()).map_err(|e| {
+                    TransferError::invalid(CALL, format!("spawning the callback thread: {e}"))
+                })?;
+                (t.queue(), Some(t))
+            }
+            ProgressMode::Caller => (CallbackQueue::inline(), None),
+        };
         let imms = ImmCounters::with_cap(self.max_unexpected_imms);
-        let mut groups = Vec::new();
-        let mut workers = Vec::new();
+        let mut parts = Parts {
+            backend,
+            groups: Vec::new(),
+            workers: Vec::new(),
+            inline: Vec::new(),
+            callbacks,
+            callback_thread,
+            imms,
+        };
         for (index, (_, spawn)) in self.spawners.into_iter().enumerate() {
             let ctx = SpawnContext {
                 index,
+                mode: self.progress,
                 idle: self.idle,
                 policy: self.policy,
                 pin: self.pin,
                 queue_capacity: self.queue_capacity,
-                callbacks: callback_thread.queue(),
-                imms: imms.clone(),
+                callbacks: parts.callbacks.clone(),
+                imms: parts.imms.clone(),
             };
             // On failure, already started workers are stopped by the engine's Drop below.
-            let (addr, handle) = match spawn(&ctx) {
+            let spawned = match spawn(&ctx) {
                 Ok(v) => v,
                 Err(e) => {
-                    drop(TransferEngine::assemble(
-                        backend,
-                        groups,
-                        workers,
-                        callback_thread,
-                        imms,
-                    ));
+                    drop(TransferEngine::assemble(parts));
                     return Err(e);
                 }
             };
-            groups.push(addr);
-            workers.push(handle);
+            parts.groups.push(spawned.addr);
+            parts.workers.push(spawned.handle);
+            parts.inline.extend(spawned.inline);
         }
-        let mut engine = TransferEngine::assemble(backend, groups, workers, callback_thread, imms);
+        let mut engine = TransferEngine::assemble(parts);
         engine.devices = self.devices;
         Ok(engine)
     }
 }
 
-fn spawn_worker<D: Domain>(
-    mut group: DomainGroup<D>,
-    ctx: &SpawnContext,
-) -> Result<(GroupAddress, WorkerHandle)> {
+/// What an engine is assembled from.
+struct Parts {
+    backend: BackendKind,
+    groups: Vec<GroupAddress>,
+    workers: Vec<WorkerHandle>,
+    /// Worker states of a caller-driven engine (empty with threads).
+    inline: Vec<Box<dyn InlineWorker>>,
+    callbacks: Arc<CallbackQueue>,
+    callback_thread: Option<CallbackThread>,
+    imms: Arc<ImmCounters>,
+}
+
+fn spawn_worker<D: Domain>(mut group: DomainGroup<D>, ctx: &SpawnContext) -> Result<Spawned> {
     const CALL: &str = "EngineBuilder::build";
     group.set_shard_policy(ctx.policy);
     let addr = group.address(ctx.policy);
@@ -218,6 +256,16 @@ fn spawn_worker<D: Domain>(
         imms: ctx.imms.clone(),
     };
     let worker = Worker::new(group, ctx.idle, queue.clone(), sinks);
+    if ctx.mode == ProgressMode::Caller {
+        return Ok(Spawned {
+            addr,
+            handle: WorkerHandle {
+                queue,
+                thread: None,
+            },
+            inline: Some(worker.into_inline()),
+        });
+    }
     let pin = if ctx.pin {
         numa.and_then(topology::numa_node_cpus)
     } else {
@@ -234,13 +282,14 @@ fn spawn_worker<D: Domain>(
         })
         .map_err(|e| TransferError::invalid(CALL, format!("spawning a worker: {e}")))?;
     queue.set_thread(thread.thread().clone());
-    Ok((
+    Ok(Spawned {
         addr,
-        WorkerHandle {
+        handle: WorkerHandle {
             queue,
             thread: Some(thread),
         },
-    ))
+        inline: None,
+    })
 }
 
 /// The TransferEngine: registers memory, sends messages, writes into peers'
@@ -255,6 +304,8 @@ pub struct TransferEngine {
     callbacks: Arc<CallbackQueue>,
     callback_thread: Option<CallbackThread>,
     imms: Arc<ImmCounters>,
+    /// The groups' worker states when callers drive them.
+    caller: Option<Arc<CallerProgress>>,
     peers: Mutex<HashMap<EngineAddress, Peer>>,
     next_id: AtomicU64,
     /// CUDA device of each group, if any.
@@ -275,19 +326,25 @@ impl TransferEngine {
         EngineBuilder::default()
     }
 
-    fn assemble(
-        backend: BackendKind,
-        groups: Vec<GroupAddress>,
-        workers: Vec<WorkerHandle>,
-        callback_thread: CallbackThread,
-        imms: Arc<ImmCounters>,
-    ) -> Self {
+    fn assemble(parts: Parts) -> Self {
+        let Parts {
+            backend,
+            groups,
+            workers,
+            inline,
+            callbacks,
+            callback_thread,
+            imms,
+        } = parts;
+        let caller =
+            (callback_thread.is_none()).then(|| CallerProgress::new(inline, callbacks.clone()));
         Self {
             address: EngineAddress { backend, groups },
             workers,
-            callbacks: callback_thread.queue(),
-            callback_thread: Some(callback_thread),
+            callbacks,
+            callback_thread,
             imms,
+            caller,
             peers: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             devices: Vec::new(),
@@ -346,7 +403,62 @@ impl TransferEngine {
 
     fn push(&self, group: usize, job: Job) -> Result<()> {
         let w = self.worker("submit", group)?;
-        w.queue.push(job, &self.callbacks)
+        let Some(caller) = &self.caller else {
+            return w.queue.push(job, &self.callbacks);
+        };
+        let mut job = job;
+        while let Some(back) = w.queue.try_push(job, &self.callbacks)? {
+            if in_pass() {
+                // Making room needs the pass this receive callback runs in.
+                let err = TransferError::invalid(
+                    "submit",
+                    "the queue is full inside a receive callback of a caller-driven engine",
+                );
+                back.fail(err.clone(), &self.callbacks);
+                return Err(err);
+            }
+            job = back;
+            caller.progress();
+        }
+        // This thread is the worker: post now rather than at the next wait.
+        caller.post(group);
+        Ok(())
+    }
+
+    /// Waits for a worker's reply to a control job, driving progress when
+    /// callers own the NICs.
+    fn reply<T>(&self, call: &'static str, rx: oneshot::Receiver<Result<T>>) -> Result<T> {
+        if let Some(caller) = &self.caller {
+            caller.wait_until(call, None, || rx.is_settled())?;
+        }
+        rx.wait().unwrap_or(Err(TransferError::Shutdown { call }))
+    }
+
+    /// Who drives this engine's NICs.
+    pub fn progress_mode(&self) -> ProgressMode {
+        if self.caller.is_some() {
+            ProgressMode::Caller
+        } else {
+            ProgressMode::Thread
+        }
+    }
+
+    /// Drives a caller-driven engine once: queued submits are posted, every
+    /// NIC is polled, immediates are counted, completions and receive
+    /// callbacks run (on this thread). Returns whether anything happened.
+    /// A no-op returning `false` with worker threads.
+    ///
+    /// Call it in any loop that polls a [`crate::DoneFlag`], `take_imm` or
+    /// `imm_value`; blocking waits ([`Pending::wait`], `wait_imm`) call it
+    /// themselves.
+    pub fn progress(&self) -> bool {
+        self.caller.as_ref().is_some_and(|c| c.progress())
+    }
+
+    /// A handle that drives this caller-driven engine from another thread
+    /// (`None` with worker threads).
+    pub fn progress_handle(&self) -> Option<ProgressHandle> {
+        self.caller.clone().map(ProgressHandle)
     }
 
     fn next_id(&self) -> u64 {
@@ -396,9 +508,7 @@ impl TransferEngine {
                 reply: tx,
             },
         )?;
-        let regs = rx
-            .wait()
-            .unwrap_or(Err(TransferError::Shutdown { call: CALL }))?;
+        let regs = self.reply(CALL, rx)?;
         let remote = RemoteRegion {
             backend: self.address.backend,
             group: u32::try_from(group).map_err(|_| TransferError::invalid(CALL, "group index"))?,
@@ -431,8 +541,7 @@ impl TransferEngine {
                 reply: tx,
             },
         )?;
-        rx.wait()
-            .unwrap_or(Err(TransferError::Shutdown { call: "unregister" }))
+        self.reply("unregister", rx)
     }
 
     // ---- peers --------------------------------------------------------
@@ -527,6 +636,10 @@ impl TransferEngine {
         });
         if let Err(e) = admitted {
             return self.refuse(notify, e);
+        }
+        if let (Some(caller), Notify::Pending(tx)) = (&self.caller, &notify) {
+            // Waiting on this pending must drive the NICs.
+            tx.attach(caller);
         }
         let (group, job) = Job::for_request(request, notify);
         self.push(group, job)
@@ -650,8 +763,7 @@ impl TransferEngine {
         let pool = Arc::new(RecvPool::new(HostBuffer::new(total)?, count, len, cb));
         let (tx, rx) = oneshot::channel();
         self.push(0, Job::StartRecvPool { pool, reply: tx })?;
-        rx.wait()
-            .unwrap_or(Err(TransferError::Shutdown { call: CALL }))
+        self.reply(CALL, rx)
     }
 
     // ---- immediates ---------------------------------------------------
@@ -691,13 +803,28 @@ impl TransferEngine {
             .imms
             .add_expectation(imm, count, ImmAction::Wake(tx), &mut fired);
         self.deliver_all(fired);
-        match rx.wait_timeout(timeout) {
+        // A caller-driven wait drives the NICs itself; its timeout is
+        // handled by the withdrawal below like a blocking wait's, any other
+        // refusal (a wait inside a receive callback) is returned as is.
+        let refused = self.caller.as_ref().and_then(|caller| {
+            caller
+                .wait_until("wait_imm", Some(timeout), || rx.is_settled())
+                .err()
+                .filter(|e| !matches!(e, TransferError::Timeout { .. }))
+        });
+        match rx.wait_timeout(if self.caller.is_some() {
+            Duration::ZERO
+        } else {
+            timeout
+        }) {
             Ok(()) => Ok(()),
             Err(rx) => {
                 let mut fired = Vec::new();
                 let cancelled = self.imms.cancel(imm, id, &mut fired);
                 self.deliver_all(fired);
-                if cancelled || rx.wait_timeout(Duration::ZERO).is_err() {
+                if let (true, Some(e)) = (cancelled, refused) {
+                    Err(e)
+                } else if cancelled || rx.wait_timeout(Duration::ZERO).is_err() {
                     Err(TransferError::Timeout {
                         call: "wait_imm",
                         millis: timeout.as_millis().try_into().unwrap_or(u64::MAX),
@@ -725,6 +852,7 @@ impl TransferEngine {
             done: false,
             imms: self.imms.clone(),
             callbacks: self.callbacks.clone(),
+            caller: self.caller.clone(),
         }
     }
 
@@ -790,6 +918,8 @@ pub struct ImmFuture {
     done: bool,
     imms: Arc<ImmCounters>,
     callbacks: Arc<CallbackQueue>,
+    /// Set for caller-driven engines: polling drives the NICs.
+    caller: Option<Arc<CallerProgress>>,
 }
 
 impl std::future::Future for ImmFuture {
@@ -799,9 +929,16 @@ impl std::future::Future for ImmFuture {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Self::Output> {
+        if let Some(c) = &self.caller {
+            c.progress();
+        }
         let polled = std::pin::Pin::new(&mut self.rx).poll(cx);
         if polled.is_ready() {
             self.done = true;
+        } else if self.caller.is_some() {
+            // Nothing wakes a caller-driven engine but its callers: ask to
+            // be polled again (a busy-polling future, as in UCX's model).
+            cx.waker().wake_by_ref();
         }
         polled.map(|r| r.ok_or(TransferError::Shutdown { call: "imm_future" }))
     }
@@ -822,6 +959,9 @@ impl Drop for ImmFuture {
 
 impl Drop for TransferEngine {
     fn drop(&mut self) {
+        if let Some(c) = &self.caller {
+            c.shutdown();
+        }
         for w in &self.workers {
             w.queue.request_stop();
         }

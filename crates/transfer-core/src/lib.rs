@@ -49,6 +49,7 @@ pub mod memory;
 mod oneshot;
 pub mod peer;
 mod plan;
+pub mod progress;
 mod recv_pool;
 pub mod region;
 pub mod request;
@@ -74,6 +75,7 @@ pub use group::DomainGroup;
 pub use idle::{IdlePolicy, IdleState, Sleep};
 pub use memory::{MemoryLocation, MemorySpan, RemoteKey, RemoteNicRegion, RemoteRegion};
 pub use peer::{Peer, PeerGroup, RemoteTarget};
+pub use progress::{ProgressHandle, ProgressMode};
 pub use region::{HostBuffer, LocalRegion};
 pub use request::{
     BarrierRequest, PagedWriteRequest, Pages, Request, ScatterItem, ScatterRequest, SendRequest,

@@ -88,6 +88,13 @@ impl<T> Receiver<T> {
         self.0.lock().value.is_some()
     }
 
+    /// Whether waiting is over: the value arrived, or it never will (the
+    /// sender was dropped, e.g. by an engine shutting down).
+    pub(crate) fn is_settled(&self) -> bool {
+        let slot = self.0.lock();
+        slot.value.is_some() || slot.taken
+    }
+
     /// Blocks until the value arrives. Returns `None` only if it was already
     /// taken (by `try_take` or a poll).
     pub fn wait(self) -> Option<T> {

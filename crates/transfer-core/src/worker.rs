@@ -17,6 +17,7 @@ use crate::error::{Result, TransferError};
 use crate::group::{DomainGroup, Sinks};
 use crate::idle::{IdlePolicy, IdleState, Sleep};
 use crate::job::Job;
+use crate::progress::{InlineWorker, run_user_callback};
 use crate::wakeup::{EventFd, wait_readable};
 
 /// The queue into one worker.
@@ -93,6 +94,16 @@ impl WorkerQueue {
         }
     }
 
+    /// Hands a job over without waiting: `Ok(Some(job))` gives it back when
+    /// the queue is full (caller-driven engines make room by progressing).
+    pub(crate) fn try_push(&self, job: Job, callbacks: &CallbackQueue) -> Result<Option<Job>> {
+        if self.stopped.load(Ordering::Acquire) {
+            job.fail(TransferError::Shutdown { call: "submit" }, callbacks);
+            return Err(TransferError::Shutdown { call: "submit" });
+        }
+        Ok(self.jobs.push(job).err())
+    }
+
     /// What the worker did when idle.
     pub(crate) fn idle_stats(&self) -> (u64, u64) {
         (
@@ -115,6 +126,13 @@ pub(crate) struct Worker<D: Domain> {
     pub(crate) sinks: Sinks,
     /// Scratch list of descriptors to block on.
     pub(crate) wait_fds: Vec<std::os::fd::RawFd>,
+    /// Scratch space of one pass.
+    scratch: Vec<DomainEvent>,
+    events: Vec<(usize, DomainEvent)>,
+    fired: Vec<crate::completion::Delivery>,
+    /// Driven by callers ([`crate::ProgressMode::Caller`]): receive-pool
+    /// callbacks run inside the pass and buffers are reposted at once.
+    inline: bool,
 }
 
 /// Jobs taken per loop pass before the NICs are polled again, so a flood of
@@ -134,31 +152,47 @@ impl<D: Domain> Worker<D> {
             queue,
             sinks,
             wait_fds: Vec::new(),
+            scratch: Vec::with_capacity(64),
+            events: Vec::with_capacity(64),
+            fired: Vec::new(),
+            inline: false,
         }
+    }
+
+    /// The same worker, driven by callers instead of its own thread.
+    pub(crate) fn into_inline(mut self) -> Box<dyn InlineWorker> {
+        self.inline = true;
+        Box::new(self)
+    }
+
+    /// One round: up to [`JOBS_PER_PASS`] queued jobs, then one poll of
+    /// every NIC and its events. Returns whether anything happened.
+    fn pass(&mut self) -> bool {
+        let mut busy = false;
+        for _ in 0..JOBS_PER_PASS {
+            let Some(job) = self.queue.jobs.pop() else {
+                break;
+            };
+            busy = true;
+            self.handle(job);
+        }
+        let mut events = std::mem::take(&mut self.events);
+        self.group.poll(&mut self.scratch, &mut events);
+        busy |= !events.is_empty();
+        for (nic, ev) in events.drain(..) {
+            match ev {
+                DomainEvent::Received { token, len } => self.received(nic, token, len),
+                ev => self.group.on_event(ev, &self.sinks, &mut self.fired),
+            }
+        }
+        self.events = events;
+        busy
     }
 
     pub(crate) fn run(mut self) {
         let mut idle = IdleState::new(self.idle);
-        let mut scratch = Vec::with_capacity(64);
-        let mut events = Vec::with_capacity(64);
-        let mut fired = Vec::new();
         loop {
-            let mut busy = false;
-            for _ in 0..JOBS_PER_PASS {
-                let Some(job) = self.queue.jobs.pop() else {
-                    break;
-                };
-                busy = true;
-                self.handle(job);
-            }
-            self.group.poll(&mut scratch, &mut events);
-            busy |= !events.is_empty();
-            for (nic, ev) in events.drain(..) {
-                match ev {
-                    DomainEvent::Received { token, len } => self.received(nic, token, len),
-                    ev => self.group.on_event(ev, &self.sinks, &mut fired),
-                }
-            }
+            let busy = self.pass();
             if self.queue.stop.load(Ordering::Acquire) {
                 break;
             }
@@ -270,6 +304,14 @@ impl<D: Domain> Worker<D> {
         let Some(pool) = self.group.recv_pool() else {
             return;
         };
+        if self.inline {
+            // The caller drives this pass: run the user callback here (no
+            // thread hop, the point of caller progress) and repost at once.
+            let pool = pool.clone();
+            run_user_callback(|| pool.deliver(token.0, len));
+            self.group.repost(token.0);
+            return;
+        }
         let pool = pool.clone();
         let queue = self.queue.clone();
         let callbacks = self.sinks.callbacks.clone();
@@ -277,5 +319,15 @@ impl<D: Domain> Worker<D> {
             pool.deliver(token.0, len);
             let _ = queue.push(Job::Repost(token.0), &callbacks);
         }));
+    }
+}
+
+impl<D: Domain> InlineWorker for Worker<D> {
+    fn pass(&mut self) -> bool {
+        Worker::pass(self)
+    }
+
+    fn shutdown(self: Box<Self>) {
+        Worker::shutdown(*self);
     }
 }

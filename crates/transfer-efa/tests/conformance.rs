@@ -4,20 +4,26 @@
 //! `TRANSFER_REQUIRE` names).
 
 use transfer_core::conformance::Harness;
-use transfer_core::{Result, TransferEngine};
+use transfer_core::{ProgressMode, Result, TransferEngine};
 use transfer_efa::{LibfabricConfig, Library, Provider, open_loopback_domains};
 
 struct LibfabricHarness {
     config: LibfabricConfig,
+    progress: ProgressMode,
 }
 
 impl Harness for LibfabricHarness {
     fn engines(&self, count: usize, nics: usize) -> Result<Vec<TransferEngine>> {
         (0..count)
             .map(|_| {
-                TransferEngine::builder()
+                let engine = TransferEngine::builder()
+                    .progress(self.progress)
                     .group(open_loopback_domains(&self.config, nics)?)
-                    .build()
+                    .build()?;
+                // Caller-driven engines get a polling thread (the cases
+                // expect engines that move on their own).
+                transfer_core::testing::drive_in_background(&engine);
+                Ok(engine)
             })
             .collect()
     }
@@ -36,12 +42,30 @@ fn harness(provider: Provider) -> Option<LibfabricHarness> {
         transfer_core::testing::skip_or_fail(&name, format!("cannot open a domain: {e}"));
         return None;
     }
-    Some(LibfabricHarness { config })
+    Some(LibfabricHarness {
+        config,
+        progress: ProgressMode::Thread,
+    })
+}
+
+/// The same harness with caller-driven engines.
+fn caller_driven(provider: Provider) -> Option<LibfabricHarness> {
+    harness(provider).map(|h| LibfabricHarness {
+        progress: ProgressMode::Caller,
+        ..h
+    })
 }
 
 mod tcp {
     use super::*;
     transfer_core::conformance_tests!(harness(Provider::Tcp));
+}
+
+/// Caller-driven progress over tcp: every case, each engine driven by a
+/// polling thread that races the cases' own waits.
+mod tcp_caller_driven {
+    use super::*;
+    transfer_core::conformance_tests!(caller_driven(Provider::Tcp));
 }
 
 mod shm {

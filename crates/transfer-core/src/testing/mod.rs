@@ -18,10 +18,12 @@ pub mod c_layout;
 mod domain;
 #[cfg(feature = "test-domain")]
 mod fabric;
+mod pump;
 pub mod require;
 
 #[cfg(feature = "test-domain")]
 pub use domain::TestDomain;
 #[cfg(feature = "test-domain")]
 pub use fabric::{TestFabric, TestFabricConfig};
+pub use pump::drive_in_background;
 pub use require::{REQUIRE_ENV, is_required, skip_or_fail};
