@@ -1,0 +1,170 @@
+//! N real processes on loopback under each launcher convention (Slurm,
+//! Open MPI, torchrun-style, explicit): every process must print the same
+//! rank-ordered list.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::net::TcpListener;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use transfer_launch::env::derived_port;
+
+const PROBE: &str = env!("CARGO_BIN_EXE_transfer-launch-probe");
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A job id whose derived rendezvous port is free right now.
+fn job_with_free_port(tag: &str) -> String {
+    (0..1000)
+        .map(|k| format!("{tag}-{}-{k}", std::process::id()))
+        .find(|j| TcpListener::bind(("0.0.0.0", derived_port(j))).is_ok())
+        .unwrap()
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Conv {
+    Slurm,
+    OpenMpi,
+    Torchrun,
+    Explicit,
+}
+
+fn env_of(conv: Conv, n: usize, r: usize, shared: &str) -> Vec<(String, String)> {
+    let (r, n) = (r.to_string(), n.to_string());
+    let pairs: Vec<(&str, &str)> = match conv {
+        Conv::Slurm => vec![
+            ("SLURM_PROCID", &r),
+            ("SLURM_NTASKS", &n),
+            ("SLURM_LOCALID", &r),
+            ("SLURM_JOB_ID", shared),
+            ("SLURM_STEP_NODELIST", "localhost"),
+            ("SLURM_JOB_NODELIST", "localhost,node[2-9]"),
+        ],
+        Conv::OpenMpi => vec![
+            ("OMPI_COMM_WORLD_RANK", &r),
+            ("OMPI_COMM_WORLD_SIZE", &n),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", &r),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", &n),
+            ("PMIX_NAMESPACE", shared),
+        ],
+        Conv::Torchrun => vec![
+            ("RANK", &r),
+            ("WORLD_SIZE", &n),
+            ("LOCAL_RANK", &r),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", shared),
+        ],
+        Conv::Explicit => vec![
+            ("TRANSFER_RANK", &r),
+            ("TRANSFER_WORLD_SIZE", &n),
+            ("TRANSFER_RENDEZVOUS", shared),
+        ],
+    };
+    pairs
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn run_job(conv: Conv, n: usize) {
+    let shared = match conv {
+        Conv::Slurm => job_with_free_port("slurm"),
+        Conv::OpenMpi => job_with_free_port("ompi"),
+        Conv::Torchrun => free_port().to_string(),
+        Conv::Explicit => format!("127.0.0.1:{}", free_port()),
+    };
+    // Highest rank first: the others must retry until rank 0 is up.
+    let mut children: Vec<_> = (0..n)
+        .rev()
+        .map(|r| {
+            let mut c = Command::new(PROBE);
+            c.env_clear()
+                .envs(env_of(conv, n, r, &shared))
+                .env("TRANSFER_RENDEZVOUS_TIMEOUT", "30")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            (r, c.spawn().unwrap())
+        })
+        .collect();
+    children.reverse();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut lists = Vec::new();
+    for (r, mut c) in children {
+        while c.try_wait().unwrap().is_none() {
+            if Instant::now() > deadline {
+                let _ = c.kill();
+                panic!("{conv:?} n={n}: rank {r} still running after 60 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let out = c.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{conv:?} n={n} rank {r}: {}\n{stdout}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let first = stdout.lines().next().unwrap_or_default();
+        assert!(
+            first.starts_with(&format!("rank {r} of {n} (")),
+            "{conv:?}: {first}"
+        );
+        let list: Vec<String> = stdout
+            .lines()
+            .skip_while(|l| *l != "list")
+            .skip(1)
+            .map(str::to_string)
+            .collect();
+        lists.push(list);
+    }
+    for (i, line) in lists[0].iter().enumerate() {
+        assert!(
+            line.starts_with(&format!("{i} rank{i}@")),
+            "{conv:?}: {line}"
+        );
+    }
+    assert_eq!(lists[0].len(), n);
+    for l in &lists {
+        assert_eq!(l, &lists[0], "{conv:?} n={n}: ranks disagree");
+    }
+}
+
+#[test]
+fn slurm_2_and_3() {
+    run_job(Conv::Slurm, 2);
+    run_job(Conv::Slurm, 3);
+}
+
+#[test]
+fn openmpi_2_and_3() {
+    run_job(Conv::OpenMpi, 2);
+    run_job(Conv::OpenMpi, 3);
+}
+
+#[test]
+fn torchrun_2_and_3() {
+    run_job(Conv::Torchrun, 2);
+    run_job(Conv::Torchrun, 3);
+}
+
+#[test]
+fn explicit_2_and_3() {
+    run_job(Conv::Explicit, 2);
+    run_job(Conv::Explicit, 3);
+}
+
+#[test]
+fn no_launcher_is_a_clear_error() {
+    let out = Command::new(PROBE).env_clear().output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no launcher found"), "{err}");
+}
