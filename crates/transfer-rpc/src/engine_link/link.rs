@@ -4,11 +4,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use transfer::{Backend, Domains};
 use transfer_core::{
     BackendKind, LocalRegion, MemoryLocation, MemorySpan, Notify, RemoteTarget, TransferEngine,
     TransferError,
 };
-use transfer_efa::{Config, Provider};
 
 use super::config::EngineLinkConfig;
 use super::lanes::LaneTable;
@@ -68,6 +68,42 @@ impl std::fmt::Debug for EngineLink {
 /// libfabric provider (libfabric's own `verbs` provider stays `verbs`).
 pub const NATIVE_VERBS: &str = "ibverbs";
 
+/// The backend `config` names: native verbs on `config.domain` (default:
+/// the first device with an active port; port and GID index from the
+/// TRANSFER_VERBS_* environment), else the libfabric provider bound to
+/// `config.node`, only the domain `config.domain` when given. `nics`: 0 is
+/// every NIC the provider lists (verbs: one domain), n is n domains.
+fn backend_of(config: &EngineLinkConfig) -> Backend {
+    let backend = if config.provider == NATIVE_VERBS {
+        Backend::verbs(config.domain.as_deref())
+    } else {
+        let mut b = Backend::libfabric(&config.provider).peer_timeout(config.peer_timeout);
+        if let Some(node) = &config.node {
+            b = b.bind(node.clone());
+        }
+        if let Some(domain) = &config.domain {
+            b = b.domain_name(domain.clone());
+        }
+        b
+    };
+    backend.nics(config.nics)
+}
+
+/// Provider and NICs, for logs.
+fn describe(backend: &Backend, config: &EngineLinkConfig, domains: &Domains) -> String {
+    match domains {
+        Domains::Libfabric(nics) => {
+            let names: Vec<String> = nics.iter().map(|d| d.fabric_name()).collect();
+            format!("libfabric {}: {}", backend.name(), names.join(", "))
+        }
+        Domains::Verbs(nics) => format!(
+            "ibverbs {} x{}",
+            config.domain.as_deref().unwrap_or("(first active device)"),
+            nics.len()
+        ),
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -75,50 +111,19 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl EngineLink {
     /// Opens the backend of `config` and starts an engine on it: the native
     /// ibverbs backend for provider [`NATIVE_VERBS`], else that libfabric
-    /// provider.
+    /// provider. Opening is the `transfer` crate's (one copy of "provider
+    /// name -> domains" for the bench, the server and the Python package).
     pub fn open(config: EngineLinkConfig) -> Result<Arc<EngineLink>> {
         const CALL: &str = "EngineLink::open";
-        if config.provider == NATIVE_VERBS {
-            return Self::open_verbs(config);
-        }
-        let provider = Provider::parse(&config.provider);
-        let mut fabric = Config::new(provider.clone()).with_peer_timeout(config.peer_timeout);
-        fabric.node = config.node.clone();
-        fabric.domain_name = config.domain.clone();
-        let mut domains = transfer_efa::open_domains(&fabric).map_err(|e| engine_error(CALL, e))?;
-        if config.nics > 0 {
-            domains.truncate(config.nics);
-        }
-        let names: Vec<String> = domains.iter().map(|d| d.fabric_name()).collect();
-        let engine = TransferEngine::builder()
-            .group(domains)
+        let backend = backend_of(&config);
+        let domains = backend
+            .open_domains()
+            .map_err(|e| RpcError::refused(CALL, e.to_string()))?;
+        let description = describe(&backend, &config, &domains);
+        let engine = domains
+            .add_to(TransferEngine::builder())
             .build()
             .map_err(|e| engine_error(CALL, e))?;
-        let description = format!("libfabric {provider}: {}", names.join(", "));
-        EngineLink::with_engine(engine, description, config)
-    }
-
-    /// The native ibverbs backend (transfer-verbs: RC QPs, UD handshake):
-    /// `config.domain` picks the device (default: the first with an active
-    /// port), `config.nics` opens that many domains on it (at least one);
-    /// port and GID index come from the TRANSFER_VERBS_* environment.
-    fn open_verbs(config: EngineLinkConfig) -> Result<Arc<EngineLink>> {
-        const CALL: &str = "EngineLink::open (ibverbs)";
-        let mut verbs = transfer_verbs::VerbsConfig::from_env();
-        if config.domain.is_some() {
-            verbs.device.clone_from(&config.domain);
-        }
-        let domains = transfer_verbs::VerbsDomain::open_many(&verbs, config.nics.max(1))
-            .map_err(|e| engine_error(CALL, e))?;
-        let engine = TransferEngine::builder()
-            .group(domains)
-            .build()
-            .map_err(|e| engine_error(CALL, e))?;
-        let description = format!(
-            "ibverbs {} x{}",
-            verbs.device.as_deref().unwrap_or("(first active device)"),
-            config.nics.max(1)
-        );
         EngineLink::with_engine(engine, description, config)
     }
 
