@@ -1,18 +1,26 @@
-//! Opening engines and bare domains over the libfabric backend.
+//! Opening engines and bare domains: the `transfer` crate's [`Backend`]
+//! (libfabric or native verbs) with the bench's defaults (loopback unless
+//! `--bind`, the engine's default idle policy).
 
 use std::time::Duration;
 
+use transfer::{AnyDomain, Backend, BackendConfig, BackendFamily, Choice};
 use transfer_core::{IdlePolicy, TransferEngine};
-use transfer_efa::{Config, LibfabricDomain, Library, Provider};
 
 use crate::error::Result;
 
-/// Which provider and interface to use.
+/// Which backend, provider and interface to use.
 #[derive(Debug, Clone)]
 pub struct BackendOpts {
-    /// Provider name (`tcp`, `shm`, `efa`, ...); `None`: `TRANSFER_PROVIDER`,
-    /// else EFA when present, else tcp.
+    /// `libfabric` or `verbs`; `None`: `TRANSFER_BACKEND`, else detected
+    /// (EFA, then a verbs device that opens, then tcp).
+    pub backend: Option<String>,
+    /// libfabric provider name (`tcp`, `shm`, `efa`, ...); `None`:
+    /// `TRANSFER_PROVIDER`, else EFA when present, else tcp.
     pub provider: Option<String>,
+    /// verbs device (`mlx5_0`, `rxe0`); `None`: `TRANSFER_VERBS_DEVICE`,
+    /// else the first with an active port.
+    pub verbs_device: Option<String>,
     /// IP address endpoints bind to (IP providers). `None`: loopback.
     pub bind: Option<String>,
     /// NICs (domains) per engine.
@@ -20,56 +28,58 @@ pub struct BackendOpts {
 }
 
 impl BackendOpts {
-    /// The provider this run uses.
-    pub fn provider(&self) -> Result<Provider> {
-        Ok(match &self.provider {
-            Some(p) => Provider::parse(p),
-            None => transfer_efa::default_provider(&Library::load()?),
-        })
-    }
-
-    /// The libfabric config for this run.
-    pub fn config(&self) -> Result<Config> {
-        let provider = self.provider()?;
+    /// The backend this run uses, resolved (environment and probing
+    /// included): server and driver must agree, so both resolve it the
+    /// same way.
+    pub fn backend(&self) -> Result<Backend> {
+        let backend = Backend::from_config(BackendConfig {
+            backend: self.backend.clone(),
+            provider: self.provider.clone(),
+            verbs_device: self.verbs_device.clone(),
+            nics: Some(self.nics.max(1)),
+            ..BackendConfig::default()
+        })?;
         Ok(match &self.bind {
-            Some(ip) if provider.is_ip_based() => Config::new(provider).with_node(ip.clone()),
-            Some(_) => Config::new(provider),
-            None => Config::loopback(provider),
+            Some(ip) => backend.bind(ip.clone()),
+            None => backend.loopback(),
         })
     }
 
-    /// Opens `self.nics` domains: on EFA the NICs the machine has (up to
-    /// `nics`); on single-NIC providers, independent endpoints.
-    pub fn domains(&self) -> Result<Vec<LibfabricDomain>> {
-        let config = self.config()?;
-        if matches!(config.provider, Some(Provider::Efa)) {
-            let mut all = transfer_efa::open_domains(&config)?;
-            all.truncate(self.nics.max(1));
-            return Ok(all);
+    /// These options with the detection done once: backend and provider
+    /// (or device) explicit, so that every engine and bare domain of the
+    /// run, and the server child, open the same thing without probing the
+    /// machine again.
+    pub fn resolved(&self) -> Result<Self> {
+        let backend = self.backend()?;
+        let mut out = self.clone();
+        out.backend = Some(backend.family().to_string());
+        match backend.choice() {
+            Choice::Libfabric { provider } => out.provider = Some(provider.clone()),
+            Choice::Verbs { device } => out.verbs_device.clone_from(device),
         }
-        Ok(transfer_efa::open_loopback_domains(
-            &config,
-            self.nics.max(1),
-        )?)
+        Ok(out)
     }
 
-    /// Starts an engine with the default idle policy.
+    /// The backend family of this run.
+    pub fn family(&self) -> Result<BackendFamily> {
+        Ok(self.backend()?.family())
+    }
+
+    /// The provider name for reports (`tcp;ofi_rxm`, `efa`, `ibverbs rxe0`).
+    pub fn provider(&self) -> Result<String> {
+        Ok(self.backend()?.name())
+    }
+
+    /// Starts an engine with the bench's idle policy.
     pub fn engine(&self) -> Result<TransferEngine> {
-        Ok(TransferEngine::builder()
-            .idle_policy(idle_policy())
-            .group(self.domains()?)
-            .build()?)
+        Ok(self
+            .backend()?
+            .engine_with(|b| b.idle_policy(idle_policy()))?)
     }
 
     /// One bare domain (no engine), for the raw baseline.
-    pub fn bare_domain(&self) -> Result<LibfabricDomain> {
-        let mut one = BackendOpts {
-            nics: 1,
-            ..self.clone()
-        }
-        .domains()?;
-        one.pop()
-            .ok_or_else(|| crate::error::BenchError::Usage("the provider offered no domain".into()))
+    pub fn bare_domain(&self) -> Result<AnyDomain> {
+        Ok(self.backend()?.bare_domain()?)
     }
 }
 

@@ -5,11 +5,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use transfer::AnyDomain;
 use transfer_core::{
     Domain, EngineAddress, LocalRegion, MemoryLocation, MemorySpan, PeerId, RemoteRegion,
     RemoteTarget, TransferEngine,
 };
-use transfer_efa::LibfabricDomain;
 
 use crate::backend::BackendOpts;
 use crate::baseline::rawloop::RawPath;
@@ -53,7 +53,7 @@ pub struct Driver {
 
 /// The raw baseline's bare domain and the sink it writes to.
 pub struct RawSetup {
-    domain: LibfabricDomain,
+    domain: AnyDomain,
     peer: PeerId,
     mr: transfer_core::DomainMr,
     base: u64,

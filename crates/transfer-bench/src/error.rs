@@ -8,6 +8,9 @@ pub enum BenchError {
     /// The engine or a backend failed.
     #[error(transparent)]
     Transfer(#[from] TransferError),
+    /// Choosing or opening the backend failed.
+    #[error(transparent)]
+    Backend(#[from] transfer::BackendError),
     /// The side channel or a file failed.
     #[error("{call}: {source}")]
     Io {

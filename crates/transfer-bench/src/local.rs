@@ -41,8 +41,16 @@ fn spawn_server(opts: &BackendOpts, plan: &Plan, engines: usize) -> Result<(Chil
     ])
     .stdout(Stdio::piped())
     .stderr(Stdio::inherit());
-    if let Some(p) = &opts.provider {
-        cmd.args(["--provider", p]);
+    // The child opens exactly what this process resolved (no detection).
+    let explicit = [
+        ("--backend", &opts.backend),
+        ("--provider", &opts.provider),
+        ("--verbs-device", &opts.verbs_device),
+    ];
+    for (flag, value) in explicit {
+        if let Some(v) = value {
+            cmd.args([flag, v]);
+        }
     }
     let mut child = cmd.spawn().map_err(io("spawn server"))?;
     let stdout = child

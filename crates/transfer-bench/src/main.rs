@@ -27,6 +27,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use transfer::BackendFamily;
 use transfer_core::Domain;
 
 use crate::backend::BackendOpts;
@@ -45,9 +46,15 @@ struct Cli {
 
 #[derive(clap::Args, Clone)]
 struct Common {
+    /// libfabric or verbs; default: TRANSFER_BACKEND, else efa if present, else a verbs device that opens, else tcp.
+    #[arg(long)]
+    backend: Option<String>,
     /// libfabric provider (tcp, shm, efa, udp, ...); default: TRANSFER_PROVIDER, else efa if present, else tcp.
     #[arg(long)]
     provider: Option<String>,
+    /// verbs device (mlx5_0, rxe0, ...); default: TRANSFER_VERBS_DEVICE, else the first with an active port.
+    #[arg(long)]
+    verbs_device: Option<String>,
     /// NICs (domains) per engine.
     #[arg(long, default_value_t = 1)]
     nics: usize,
@@ -57,12 +64,16 @@ struct Common {
 }
 
 impl Common {
-    fn opts(&self) -> BackendOpts {
+    /// The options with the backend detected once (see [`BackendOpts::resolved`]).
+    fn opts(&self) -> Result<BackendOpts> {
         BackendOpts {
+            backend: self.backend.clone(),
             provider: self.provider.clone(),
+            verbs_device: self.verbs_device.clone(),
             bind: self.bind.clone(),
             nics: self.nics,
         }
+        .resolved()
     }
 }
 
@@ -141,7 +152,7 @@ fn main() -> ExitCode {
 
 fn real_main(cli: Cli) -> Result<()> {
     match cli.cmd {
-        Cmd::Info { common } => info(&common.opts()),
+        Cmd::Info { common } => info(&common.opts()?),
         Cmd::Local {
             common,
             mode,
@@ -157,7 +168,7 @@ fn real_main(cli: Cli) -> Result<()> {
             } else {
                 mode
             };
-            local::run(&common.opts(), &Plan::new(mode), peers.max(1), &out).map(|_| ())
+            local::run(&common.opts()?, &Plan::new(mode), peers.max(1), &out).map(|_| ())
         }
         Cmd::Serve {
             common,
@@ -172,7 +183,7 @@ fn real_main(cli: Cli) -> Result<()> {
             let addr = listener.local_addr().map_err(io("serve: local_addr"))?;
             println!("listening {addr}");
             std::io::stdout().flush().map_err(io("serve: stdout"))?;
-            server::serve(&listener, &common.opts(), engines, region_len, once)
+            server::serve(&listener, &common.opts()?, engines, region_len, once)
         }
         Cmd::Run {
             common,
@@ -181,17 +192,36 @@ fn real_main(cli: Cli) -> Result<()> {
             out,
         } => {
             let layout = format!("driver + {} server host(s)", peers.len());
-            run::drive(&peers, &common.opts(), &Plan::new(mode), &out, &layout).map(|_| ())
+            run::drive(&peers, &common.opts()?, &Plan::new(mode), &out, &layout).map(|_| ())
         }
     }
 }
 
 fn info(opts: &BackendOpts) -> Result<()> {
+    let backend = opts.backend()?;
+    println!("backend: {} ({})", backend.family(), backend.name());
+    if backend.family() == BackendFamily::Verbs {
+        for d in &transfer::verbs::devices()? {
+            println!("verbs device: {d}");
+        }
+        let domain = opts.bare_domain()?;
+        let info = domain.info();
+        println!(
+            "domain: {} ordering {:?} max write {} B numa {}",
+            info.name,
+            info.ordering,
+            info.max_write_size,
+            info.numa_node
+                .map_or_else(|| "unknown".into(), |n| n.to_string())
+        );
+        return Ok(());
+    }
+    let config = backend
+        .libfabric_config()
+        .ok_or_else(|| error::BenchError::Usage("not a libfabric backend".into()))?;
     let lib = transfer_efa::Library::load()?;
     println!("libfabric {} ({})", lib.version_string(), lib.path());
-    let provider = opts.provider()?;
-    println!("provider: {provider}");
-    let domains = transfer_efa::open_domains(&opts.config()?)?;
+    let domains = transfer_efa::open_domains(&config)?;
     for (i, d) in domains.iter().enumerate() {
         let info = d.info();
         let speed = if info.link_speed_bps > 0 {

@@ -5,6 +5,10 @@
 pub enum Mode {
     /// Smoke run: a few points per sweep (~20 s here).
     Quick,
+    /// CI check: one or two small points per sweep, a few MiB moved, so
+    /// that it stays short even under software emulation (the soft-RoCE
+    /// VM of `cargo xtask test`).
+    Smoke,
     /// The README run: every sweep, under two minutes on a 2-core machine.
     Default,
     /// Every point the issue lists (64 KiB x 10 000 pages needs 640 MiB regions).
@@ -72,6 +76,22 @@ impl Plan {
                 msg_sizes: vec![64],
                 idle_secs: 2.0,
                 region_len: 64 * MIB,
+            },
+            Mode::Smoke => Self {
+                mode,
+                bw_sizes: vec![64 * KIB, MIB],
+                bw_bytes: 8 * MIB,
+                window: 16,
+                lat_sizes: vec![8, 64 * KIB],
+                lat_iters: 100,
+                imm_count: 500,
+                paged: vec![(4 * KIB, 100)],
+                scatter_sizes: vec![64 * KIB],
+                barrier_iters: 50,
+                pingpong_iters: 200,
+                msg_sizes: vec![64],
+                idle_secs: 1.0,
+                region_len: 4 * MIB,
             },
             Mode::Default => Self {
                 mode,

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::backend::{BackendOpts, idle_policy};
-use crate::baseline::memcpy;
+use crate::baseline::{memcpy, perftest};
 use crate::driver::Driver;
 use crate::error::{Result, io};
 use crate::plan::Plan;
@@ -52,7 +52,8 @@ pub fn drive(
         rows.extend(s(&mut d, plan, &pb)?);
     }
     pb.finish_and_clear();
-    let mut notes = Vec::new();
+    // On verbs, perftest's figures from this same session next to the engine's.
+    let (rows, mut notes) = perftest::with_baselines(opts, plan, rows);
     let skipped = plan
         .paged
         .iter()

@@ -5,16 +5,17 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use transfer::AnyDomain;
 use transfer_core::{Domain, DomainEvent, DomainMr, OpToken, PeerId, RemoteKey, WriteOp};
-use transfer_efa::LibfabricDomain;
 
 use crate::backend::GUARD;
 use crate::error::{Result, protocol};
 
-/// The source and destination of a raw loop.
-pub struct RawPath<'a> {
+/// The source and destination of a raw loop, on any backend's bare domain
+/// (libfabric or verbs).
+pub struct RawPath<'a, D: Domain = AnyDomain> {
     /// The bare domain.
-    pub domain: &'a mut LibfabricDomain,
+    pub domain: &'a mut D,
     /// The sink, resolved on `domain`.
     pub peer: PeerId,
     /// Registration of the source on `domain`.
@@ -36,8 +37,8 @@ pub struct RawRun {
 }
 
 /// Posts `count` writes of `size` bytes, `window` in flight.
-pub fn run(
-    p: &mut RawPath<'_>,
+pub fn run<D: Domain>(
+    p: &mut RawPath<'_, D>,
     size: usize,
     count: usize,
     window: usize,
