@@ -22,7 +22,8 @@
 //!   (receiver counters), `recv_pool`;
 //! - threads: `job` (what crosses to a worker), `worker` (its queue and
 //!   loop), `idle` ([`IdleState`], how polling threads wait), `callbacks`,
-//!   `topology`;
+//!   `topology`; `progress` ([`ProgressMode`]: worker threads, or the
+//!   callers themselves driving the same worker state);
 //! - the public API: `engine` ([`TransferEngine`], [`EngineBuilder`]).
 //!
 //! # Three kinds of group
