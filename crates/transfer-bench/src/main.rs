@@ -9,6 +9,7 @@ mod baseline;
 mod cpu;
 mod driver;
 mod error;
+mod launched;
 mod local;
 mod plan;
 mod plot;
@@ -138,6 +139,8 @@ enum Cmd {
         #[arg(long, default_value = "target/bench")]
         out: PathBuf,
     },
+    /// One rank of a launched job (srun, mpirun, torchrun-style or TRANSFER_* variables): rank 0 drives, the others serve.
+    Launch(launched::LaunchCmd),
 }
 
 fn main() -> ExitCode {
@@ -194,6 +197,7 @@ fn real_main(cli: Cli) -> Result<()> {
             let layout = format!("driver + {} server host(s)", peers.len());
             run::drive(&peers, &common.opts()?, &Plan::new(mode), &out, &layout).map(|_| ())
         }
+        Cmd::Launch(cmd) => launched::run(&cmd.common.opts()?, &cmd.args()),
     }
 }
 
