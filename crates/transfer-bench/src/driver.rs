@@ -13,6 +13,7 @@ use transfer_core::{
 
 use crate::backend::BackendOpts;
 use crate::baseline::rawloop::RawPath;
+use crate::caller::{CallerDriver, CallerSide};
 use crate::error::{BenchError, Result, io, protocol};
 use crate::plan::Plan;
 use crate::proto::{Channel, Request, Response};
@@ -47,6 +48,9 @@ pub struct Driver {
     pub provider: String,
     /// Backend options (for the raw baseline's bare domain).
     pub opts: BackendOpts,
+    /// The caller-driven engine pair with server 0 (latency rows), when
+    /// both sides could open one.
+    pub caller: Option<CallerDriver>,
     next_imm: u32,
     pattern_seed: u64,
 }
@@ -79,6 +83,14 @@ impl Driver {
             s.store(checksum(bytes), Ordering::Release);
             c.fetch_add(1, Ordering::Release);
         })?;
+        let mut mine = match CallerSide::open(opts, false) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                eprintln!("no caller-driven engine, its latency rows are left out: {e}");
+                None
+            }
+        };
+        let mut caller = None;
         let mut servers = Vec::new();
         let mut provider = String::new();
         for p in peers {
@@ -87,14 +99,25 @@ impl Driver {
             let hello = Request::Hello {
                 driver_addr: engine.address().to_bytes()?,
                 driver_region: inbox.remote().to_bytes()?,
+                driver_caller: match (&mine, servers.is_empty()) {
+                    (Some(c), true) => Some(c.describe()?),
+                    _ => None,
+                },
             };
             let Response::Engines {
                 engines,
                 provider: prov,
+                caller: theirs,
             } = chan.call(&hello)?
             else {
                 return Err(protocol("hello", "unexpected answer"));
             };
+            if let (true, Some((addr, region))) = (servers.is_empty(), theirs) {
+                if let Some(side) = mine.take() {
+                    let target = side.set_peer(&addr, &region)?;
+                    caller = Some(CallerDriver { side, target });
+                }
+            }
             provider = prov;
             let mut targets = Vec::new();
             for (addr, desc) in engines {
@@ -115,6 +138,7 @@ impl Driver {
             recv_sum,
             provider,
             opts: opts.clone(),
+            caller,
             next_imm: 1,
             pattern_seed: 0xB0B,
         })

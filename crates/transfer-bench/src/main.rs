@@ -6,7 +6,9 @@
 
 mod backend;
 mod baseline;
+mod caller;
 mod cpu;
+mod cpu_cost;
 mod driver;
 mod error;
 mod launched;

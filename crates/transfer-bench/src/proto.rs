@@ -23,6 +23,10 @@ pub enum Request {
         driver_addr: Vec<u8>,
         /// A driver region the server writes replies into (descriptor bytes).
         driver_region: Vec<u8>,
+        /// The driver's caller-driven engine and its reply region, for the
+        /// caller-progress latency rows.
+        #[serde(default)]
+        driver_caller: Option<(Vec<u8>, Vec<u8>)>,
     },
     /// Checksum of `len` bytes at `offset` of engine `engine`'s region.
     Checksum {
@@ -54,6 +58,19 @@ pub enum Request {
         /// Rounds.
         iters: u64,
     },
+    /// Drive the server's caller-driven engine on the session thread: answer
+    /// each `imm` with a zero-byte `reply_imm` write and echo every message,
+    /// until `stop_imm` arrives; then answer Done.
+    CallerServe {
+        /// Immediate the driver sends.
+        imm: u32,
+        /// Immediate the server answers with.
+        reply_imm: u32,
+        /// Ends the phase.
+        stop_imm: u32,
+    },
+    /// The server process's CPU time so far (answer: [`Response::CpuTime`]).
+    CpuTime,
     /// Opens a bare domain (no engine) with a region of `len` bytes for the
     /// raw baseline and polls it until [`Request::RawStop`].
     RawStart {
@@ -78,6 +95,9 @@ pub enum Response {
         engines: Vec<(Vec<u8>, Vec<u8>)>,
         /// Provider name.
         provider: String,
+        /// The server's caller-driven engine and region, when it has one.
+        #[serde(default)]
+        caller: Option<(Vec<u8>, Vec<u8>)>,
     },
     /// Answer to RawStart: the sink's NIC address and its region.
     RawSink {
@@ -90,6 +110,8 @@ pub enum Response {
     },
     /// A checksum.
     Checksum(u64),
+    /// User + system CPU time of the server process, in nanoseconds.
+    CpuTime(u64),
     /// Done.
     Done,
     /// The request failed.

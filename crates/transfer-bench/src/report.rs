@@ -16,6 +16,7 @@ fn value(metric: Metric, f: &Figure) -> String {
         }
         Metric::Rate => format!("{:.1} k/s", f.value / 1e3),
         Metric::Latency => format!("{:.1} us", f.value),
+        Metric::CpuPerOp => format!("{:.2} us cpu", f.value),
     }
 }
 

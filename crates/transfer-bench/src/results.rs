@@ -16,6 +16,8 @@ pub enum Metric {
     Rate,
     /// Round-trip or completion time in µs (lower is better).
     Latency,
+    /// CPU time of both processes per operation, in µs (lower is better).
+    CpuPerOp,
 }
 
 /// One measured figure.
@@ -145,6 +147,12 @@ impl Row {
     pub fn with_target(mut self, t: &str) -> Self {
         self.target = Some(t.into());
         self
+    }
+
+    /// Sets the target text when `cond` holds (the issue sets targets for
+    /// some points of a sweep only).
+    pub fn with_target_if(self, cond: bool, t: &str) -> Self {
+        if cond { self.with_target(t) } else { self }
     }
 
     /// Marks the data as verified.

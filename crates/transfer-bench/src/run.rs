@@ -10,7 +10,7 @@ use crate::driver::Driver;
 use crate::error::{Result, io};
 use crate::plan::Plan;
 use crate::results::{IdleCost, Results, SCHEMA_VERSION};
-use crate::{cpu, plot, report, sweeps};
+use crate::{caller, cpu, cpu_cost, plot, report, sweeps};
 
 type Sweep = fn(&mut Driver, &Plan, &ProgressBar) -> Result<Vec<crate::results::Row>>;
 
@@ -30,14 +30,16 @@ pub fn drive(
         + plan.paged.len()
         + plan.scatter_sizes.len()
         + 2
-        + plan.msg_sizes.len();
+        + plan.msg_sizes.len()
+        + 3
+        + 2;
     let pb = ProgressBar::new(steps as u64);
     pb.set_style(
         ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     pb.enable_steady_tick(std::time::Duration::from_millis(200));
-    let sweeps: [Sweep; 8] = [
+    let sweeps: [Sweep; 10] = [
         sweeps::write_bandwidth,
         sweeps::write_latency,
         sweeps::imm_rate,
@@ -46,6 +48,8 @@ pub fn drive(
         sweeps::barrier,
         sweeps::imm_pingpong,
         sweeps::send_recv,
+        caller::caller_latency,
+        cpu_cost::cpu_per_op,
     ];
     let mut rows = Vec::new();
     for s in sweeps {

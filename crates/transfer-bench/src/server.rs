@@ -12,6 +12,7 @@ use transfer_core::{
 };
 
 use crate::backend::{BackendOpts, GUARD};
+use crate::caller::{self, CallerSide};
 use crate::error::{BenchError, Result, io, protocol};
 use crate::proto::{Channel, Request, Response};
 use crate::verify::checksum;
@@ -42,6 +43,15 @@ pub fn serve(
     let len =
         usize::try_from(region_len).map_err(|_| BenchError::Usage("region too large".into()))?;
     let driver: Arc<Mutex<Option<Peer>>> = Arc::new(Mutex::new(None));
+    // The caller-progress latency rows need one more engine; without it
+    // they are left out, the rest of the bench runs.
+    let caller = match CallerSide::open(opts, true) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            eprintln!("transfer-bench serve: no caller-driven engine: {e}");
+            None
+        }
+    };
     let mut served = Vec::new();
     for i in 0..engines.max(1) {
         let engine = Arc::new(opts.engine()?);
@@ -54,7 +64,7 @@ pub fn serve(
     loop {
         let (stream, _) = listener.accept().map_err(io("serve: accept"))?;
         let mut chan = Channel::new(stream)?;
-        let result = session(&mut chan, &served, opts, &driver);
+        let result = session(&mut chan, &served, caller.as_ref(), opts, &driver);
         if let Err(e) = &result {
             eprintln!("transfer-bench serve: session ended: {e}");
             let _ = chan.send(&Response::Error(e.to_string()));
@@ -83,17 +93,24 @@ fn start_echo_pool(engine: &Arc<TransferEngine>, driver: Arc<Mutex<Option<Peer>>
 fn session(
     chan: &mut Channel,
     served: &[Served],
+    caller: Option<&CallerSide>,
     opts: &BackendOpts,
     driver: &Mutex<Option<Peer>>,
 ) -> Result<()> {
     let mut replies: Vec<RemoteTarget> = Vec::new();
+    let mut caller_reply: Option<RemoteTarget> = None;
     let mut raw: Option<RawSink> = None;
     while let Some(req) = chan.recv::<Request>()? {
         let resp = match req {
             Request::Hello {
                 driver_addr,
                 driver_region,
+                driver_caller,
             } => {
+                caller_reply = match (caller, &driver_caller) {
+                    (Some(c), Some((addr, region))) => Some(c.set_peer(addr, region)?),
+                    _ => None,
+                };
                 let addr = EngineAddress::from_bytes(&driver_addr)?;
                 let region = RemoteRegion::from_bytes(&driver_region)?;
                 replies.clear();
@@ -116,6 +133,7 @@ fn session(
                 Response::Engines {
                     engines,
                     provider: opts.provider()?.to_string(),
+                    caller: caller.map(CallerSide::describe).transpose()?,
                 }
             }
             Request::Checksum {
@@ -151,6 +169,20 @@ fn session(
                 echo(served, &replies, &engines, imm, reply_imm, iters)?;
                 Response::Done
             }
+            Request::CallerServe {
+                imm,
+                reply_imm,
+                stop_imm,
+            } => {
+                let (Some(c), Some(reply)) = (caller, &caller_reply) else {
+                    return Err(protocol("caller serve", "no caller-driven engine pair"));
+                };
+                Response::Checksum(caller::serve_phase(c, reply, imm, reply_imm, stop_imm)?)
+            }
+            Request::CpuTime => Response::CpuTime(
+                crate::cpu::process_cpu()
+                    .map_or(0, |c| u64::try_from(c.as_nanos()).unwrap_or(u64::MAX)),
+            ),
             Request::RawStart { len } => {
                 if raw.is_some() {
                     return Err(protocol("raw", "raw sink already running"));
