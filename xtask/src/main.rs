@@ -7,6 +7,7 @@ mod bench;
 mod bench_rpc;
 mod deps;
 mod netns;
+mod slurm;
 mod step;
 mod test;
 
@@ -37,6 +38,10 @@ commands:
                       a user-space delay proxy where the kernel lacks sch_netem)
   verbs-vm            only the soft-RoCE VM step (transfer-verbs suite, engine link)
   deps                install (or print how to install) the system packages
+  slurm-smoke [--mode quick|smoke] [--bin PATH]
+                      opt-in (root): a throwaway Slurm cluster on this machine
+                      (munge, slurmctld, two slurmd as nodes n1 n2) runs one
+                      real `srun -N2 transfer-bench launch` job, then stops
 ";
 
 fn main() -> ExitCode {
@@ -51,6 +56,7 @@ fn main() -> ExitCode {
         Some("delay-proxy") => bench_rpc::delay_proxy::run(&args[1..]),
         Some("deps") => deps::ensure(&deps::RUNTIME),
         Some("verbs-vm") => test::verbs_vm(),
+        Some("slurm-smoke") => slurm::run(&args[1..]),
         Some("help" | "--help" | "-h") | None => {
             print!("{USAGE}");
             Ok(())
