@@ -82,10 +82,29 @@ impl Drop for PassGuard {
     }
 }
 
+type Slot = Mutex<Option<Box<dyn InlineWorker>>>;
+
+/// One pass of the group in `slot` unless another caller is in one (then
+/// that caller does the work). Returns whether anything happened.
+fn pass_if_free(slot: &Slot) -> bool {
+    let mut guard = match slot.try_lock() {
+        Ok(g) => g,
+        // A panic in a user receive callback is caught inside the pass; a
+        // poisoned slot still holds consistent state.
+        Err(TryLockError::Poisoned(p)) => p.into_inner(),
+        Err(TryLockError::WouldBlock) => return false,
+    };
+    let Some(w) = guard.as_mut() else {
+        return false;
+    };
+    let _pass = PassGuard::enter();
+    w.pass()
+}
+
 /// Every group of one caller-driven engine, shared by the engine and its
 /// pending operations (so that waiting on them drives the NICs).
 pub(crate) struct CallerProgress {
-    slots: Vec<Mutex<Option<Box<dyn InlineWorker>>>>,
+    slots: Vec<Slot>,
     callbacks: Arc<CallbackQueue>,
 }
 
@@ -106,18 +125,7 @@ impl CallerProgress {
     pub(crate) fn progress(&self) -> bool {
         let mut did = false;
         for slot in &self.slots {
-            let mut guard = match slot.try_lock() {
-                Ok(g) => g,
-                // A panic in a user receive callback is caught inside the
-                // pass; a poisoned slot still holds consistent state.
-                Err(TryLockError::Poisoned(p)) => p.into_inner(),
-                // Another caller is in this group's pass: it does the work.
-                Err(TryLockError::WouldBlock) => continue,
-            };
-            if let Some(w) = guard.as_mut() {
-                let _pass = PassGuard::enter();
-                did |= w.pass();
-            }
+            did |= pass_if_free(slot);
         }
         if !IN_PASS.with(Cell::get) {
             did |= self.callbacks.run_pending();
@@ -128,17 +136,8 @@ impl CallerProgress {
     /// One pass of group `group` only, no callbacks: a submit posts its
     /// job at once this way (user callbacks never run inside a submit).
     pub(crate) fn post(&self, group: usize) {
-        let Some(slot) = self.slots.get(group) else {
-            return;
-        };
-        let mut guard = match slot.try_lock() {
-            Ok(g) => g,
-            Err(TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(TryLockError::WouldBlock) => return,
-        };
-        if let Some(w) = guard.as_mut() {
-            let _pass = PassGuard::enter();
-            w.pass();
+        if let Some(slot) = self.slots.get(group) {
+            pass_if_free(slot);
         }
     }
 
