@@ -841,6 +841,8 @@ fn cases() -> Vec<Spec> {
     new_op_cases(&mut v);
     batch2_op_cases(&mut v);
     vision_op_cases(&mut v);
+    misc_op_cases(&mut v);
+    train_op_cases(&mut v);
     v
 }
 
@@ -2124,6 +2126,333 @@ fn vision_op_cases(v: &mut Vec<Spec>) {
         // SAFETY: live context and tensor.
         unsafe { sys::ggml_upscale(c.ctx, a, 2, nearest) }
     }));
+}
+
+/// Issue 11, last part: the inference ops no earlier sweep served
+/// (SOLVE_TRI, GATED_DELTA_NET, DIAG, DIAG_MASK_ZERO, the SAM window ops,
+/// DeepSeek-V4's hyper-connection ops and LIGHTNING_INDEXER) and
+/// quantized OUT_PROD.
+fn misc_op_cases(v: &mut Vec<Spec>) {
+    // SOLVE_TRI (test_solve_tri): A [n, n, b2, b3] lower triangular (only
+    // the lower triangle is read; diagonal kept away from 0), B [k, n].
+    for (n, k, b2, b3) in [(16i64, 8i64, 2i64, 3i64), (32, 32, 1, 1), (64, 1, 2, 1)] {
+        v.push(spec(
+            format!("solve_tri n {n} k {k} batch {b2}x{b3}"),
+            1e-6,
+            move |c| {
+                let a = c.tensor(F32, [n, n, b2, b3], Fill::Uniform(0.5, 1.0));
+                let b = c.input(F32, [k, n, b2, b3]);
+                // SAFETY: live context and tensors.
+                unsafe { sys::ggml_solve_tri(c.ctx, a, b, true, true, false) }
+            },
+        ));
+    }
+    // GATED_DELTA_NET (test_gated_delta_net): head size S, H value heads,
+    // q/k heads, T tokens, n_seqs sequences, q/k sequences, K state
+    // slots (T >= K: every slot is written), KDA (vector gate), q and k
+    // with dims 1 and 2 swapped.
+    type Gdn = (i64, i64, i64, i64, i64, i64, i64, bool, bool);
+    let gdn: [Gdn; 6] = [
+        (32, 2, 2, 1, 1, 1, 1, false, false),
+        (64, 4, 4, 8, 2, 2, 1, false, false),
+        (32, 4, 2, 4, 2, 1, 1, false, false),
+        (32, 2, 2, 4, 1, 1, 1, true, false),
+        (32, 2, 2, 4, 2, 2, 3, false, false),
+        (16, 3, 3, 5, 1, 1, 1, false, true),
+    ];
+    for (sv, h, hqk, t, n_seqs, qk_seqs, k_slots, kda, permuted) in gdn {
+        v.push(spec(
+            format!(
+                "gated_delta_net S {sv} H {h} qk heads {hqk} T {t} seqs {n_seqs} \
+                 (qk {qk_seqs}) K {k_slots} kda {kda} permuted {permuted}"
+            ),
+            1e-6,
+            move |c| {
+                let qk_ne = [sv, hqk, t, qk_seqs];
+                let (q, k) = if permuted {
+                    (permuted_input(c, F32, qk_ne), permuted_input(c, F32, qk_ne))
+                } else {
+                    (c.input(F32, qk_ne), c.input(F32, qk_ne))
+                };
+                let vv = c.input(F32, [sv, h, t, n_seqs]);
+                let g_ne0 = if kda { sv } else { 1 };
+                let g = c.tensor(F32, [g_ne0, h, t, n_seqs], Fill::Uniform(-0.5, 0.0));
+                let beta = c.tensor(F32, [1, h, t, n_seqs], Fill::Uniform(0.0, 1.0));
+                let st = c.input(F32, [sv, sv, h, n_seqs]);
+                // SAFETY: live context and tensors.
+                unsafe { sys::ggml_gated_delta_net(c.ctx, q, k, vv, g, beta, st, k_slots) }
+            },
+        ));
+    }
+    // DIAG (test_diag): a row per matrix into its diagonal.
+    for ne in [[10i64, 1, 1, 1], [7, 1, 3, 2]] {
+        v.push(spec(format!("diag {ne:?}"), 0.0, move |c| {
+            let a = c.input(F32, ne);
+            // SAFETY: live context and tensor.
+            unsafe { sys::ggml_diag(c.ctx, a) }
+        }));
+    }
+    // DIAG_MASK_ZERO: as DIAG_MASK_INF, past 0 and 3.
+    for n_past in [0, 3] {
+        v.push(spec(
+            format!("diag_mask_zero past {n_past}"),
+            0.0,
+            move |c| {
+                let a = c.input(F32, [10, 10, 3, 2]);
+                // SAFETY: live context and tensor.
+                unsafe { sys::ggml_diag_mask_zero(c.ctx, a, n_past) }
+            },
+        ));
+    }
+    // SAM's windows: WIN_PART of an image with padding, WIN_UNPART back,
+    // GET_REL_POS of F16 / BF16 tables, ADD_REL_POS.
+    for (ne, w) in [([8i64, 13i64, 11i64, 1i64], 4), ([4, 14, 14, 1], 7)] {
+        v.push(spec(format!("win_part {ne:?} w {w}"), 0.0, move |c| {
+            let a = c.input(F32, ne);
+            // SAFETY: live context and tensor.
+            unsafe { sys::ggml_win_part(c.ctx, a, w) }
+        }));
+        v.push(spec(format!("win_unpart {ne:?} w {w}"), 0.0, move |c| {
+            let a = c.input(F32, ne);
+            // SAFETY: live context and tensors.
+            unsafe {
+                let p = sys::ggml_win_part(c.ctx, a, w);
+                sys::ggml_win_unpart(c.ctx, p, ne[1] as i32, ne[2] as i32, w)
+            }
+        }));
+    }
+    for (ty, ch, k) in [(F16, 8i64, 5i32), (sys::GGML_TYPE_BF16, 16, 7)] {
+        v.push(spec(
+            format!("get_rel_pos {ty} C {ch} k {k}"),
+            0.0,
+            move |c| {
+                let a = c.input(ty, [ch, 2 * i64::from(k) - 1, 1, 1]);
+                // SAFETY: live context and tensor.
+                unsafe { sys::ggml_get_rel_pos(c.ctx, a, k, k) }
+            },
+        ));
+    }
+    for (kw, kh, heads) in [(4i64, 4i64, 2i64), (3, 5, 3)] {
+        v.push(spec(
+            format!("add_rel_pos kw {kw} kh {kh} heads {heads}"),
+            1e-7,
+            move |c| {
+                let a = c.input(F32, [kw * kw, kw * kh, heads, 1]);
+                let pw = c.input(F32, [kw, kw, kh, heads]);
+                let ph = c.input(F32, [kw, kw, kh, heads]);
+                // SAFETY: live context and tensors.
+                unsafe { sys::ggml_add_rel_pos(c.ctx, a, pw, ph) }
+            },
+        ));
+    }
+    // DeepSeek-V4 hyper-connections (hc = 4): COMB of T tokens, PRE plain
+    // and gated, POST with and without the mixing matrix.
+    for t in [1i64, 5] {
+        v.push(spec(format!("dsv4_hc_comb T {t}"), 1e-6, move |c| {
+            let mixes = c.input(F32, [24, t, 1, 1]);
+            let scale = c.input(F32, [3, 1, 1, 1]);
+            let base = c.input(F32, [24, 1, 1, 1]);
+            // SAFETY: live context and tensors.
+            unsafe { sys::ggml_dsv4_hc_comb(c.ctx, mixes, scale, base, 1e-6, 20) }
+        }));
+        for gated in [false, true] {
+            v.push(spec(
+                format!("dsv4_hc_pre T {t} gated {gated}"),
+                1e-6,
+                move |c| {
+                    let x = c.input(F32, [32, 4, t, 1]);
+                    // SAFETY: live context and tensors.
+                    unsafe {
+                        if gated {
+                            let gate = c.input(F32, [32, 4, t, 1]);
+                            sys::ggml_dsv4_hc_pre_gated(c.ctx, x, gate, 0.5)
+                        } else {
+                            let w = c.input(F32, [4, t, 1, 1]);
+                            sys::ggml_dsv4_hc_pre(c.ctx, x, w)
+                        }
+                    }
+                },
+            ));
+        }
+        for with_comb in [false, true] {
+            v.push(spec(
+                format!("dsv4_hc_post T {t} comb {with_comb}"),
+                1e-6,
+                move |c| {
+                    let x = c.input(F32, [32, t, 1, 1]);
+                    let residual = c.input(F32, [32, 4, t, 1]);
+                    let post = c.input(F32, [4, t, 1, 1]);
+                    let comb = if with_comb {
+                        c.input(F32, [4, 4, t, 1])
+                    } else {
+                        std::ptr::null_mut()
+                    };
+                    // SAFETY: live context and tensors (comb may be null).
+                    unsafe { sys::ggml_dsv4_hc_post(c.ctx, x, residual, post, comb) }
+                },
+            ));
+        }
+    }
+    // LIGHTNING_INDEXER: F32, F16 and Q8_0 keys, one mask for every
+    // stream or one per stream.
+    for (kt, n_stream, mask_streams) in
+        [(F32, 1i64, 1i64), (F16, 2, 1), (sys::GGML_TYPE_Q8_0, 2, 2)]
+    {
+        v.push(spec(
+            format!("lightning_indexer k {kt} streams {n_stream} masks {mask_streams}"),
+            1e-5,
+            move |c| {
+                let (e, heads, t, n_kv) = (64i64, 4i64, 3i64, 10i64);
+                let q = c.input(F32, [e, heads, t, n_stream]);
+                let k = c.input(kt, [e, 1, n_kv, n_stream]);
+                let w = c.input(F32, [heads, t, 1, n_stream]);
+                let m = c.input(F16, [n_kv, t, 1, mask_streams]);
+                // SAFETY: live context and tensors.
+                unsafe { sys::ggml_lightning_indexer(c.ctx, q, k, w, m) }
+            },
+        ));
+    }
+    // OUT_PROD of quantized src0 (test_out_prod's quantized types).
+    for (at, m, bs) in [
+        (sys::GGML_TYPE_Q8_0, 64i64, [1i64, 1i64]),
+        (sys::GGML_TYPE_Q4_0, 64, [2, 1]),
+        (sys::GGML_TYPE_Q4_K, 256, [1, 1]),
+        (sys::GGML_TYPE_Q6_K, 256, [2, 2]),
+    ] {
+        v.push(spec(
+            format!("out_prod a {at} m {m} bs {bs:?}"),
+            5e-4,
+            move |c| {
+                let a = c.input(at, [m, 16, bs[0], bs[1]]);
+                let b = c.input(F32, [8, 16, bs[0], bs[1]]);
+                // SAFETY: live context and tensors.
+                unsafe { sys::ggml_out_prod(c.ctx, a, b) }
+            },
+        ));
+    }
+}
+
+/// Issue 11, last part: the backward and optimizer ops (test-backend-ops'
+/// test_silu_back, test_rms_norm_back, test_soft_max_back, test_rope with
+/// forward = false, test_repeat_back, test_cross_entropy_loss(_back),
+/// test_opt_step_adamw / _sgd shapes).
+fn train_op_cases(v: &mut Vec<Spec>) {
+    for ty in [F32, F16] {
+        v.push(spec(format!("silu_back {ty}"), 1e-6, move |c| {
+            let g = c.input(ty, [64, 5, 4, 3]);
+            let x = c.input(ty, [64, 5, 4, 3]);
+            // SAFETY: live context and tensors.
+            unsafe { sys::ggml_silu_back(c.ctx, g, x) }
+        }));
+    }
+    for eps in [0.0f32, 1e-6, 1e-1] {
+        v.push(spec(format!("rms_norm_back eps {eps}"), 1e-6, move |c| {
+            let dz = c.input(F32, [64, 5, 4, 3]);
+            let x = c.input(F32, [64, 5, 4, 3]);
+            // SAFETY: live context and tensors.
+            unsafe { sys::ggml_rms_norm_back(c.ctx, dz, x, eps) }
+        }));
+    }
+    for (ne, scale) in [([16i64, 16i64, 1i64, 1i64], 1.0f32), ([15, 7, 3, 2], 0.5)] {
+        v.push(spec(
+            format!("soft_max_back {ne:?} scale {scale}"),
+            1e-6,
+            move |c| {
+                let dy = c.input(F32, ne);
+                let y = c.tensor(F32, ne, Fill::Uniform(0.0, 1.0));
+                // SAFETY: live context and tensors.
+                unsafe { sys::ggml_soft_max_ext_back(c.ctx, dy, y, scale, 0.0) }
+            },
+        ));
+    }
+    const I32: sys::ggml_type = sys::GGML_TYPE_I32;
+    for ty in [F32, F16] {
+        for (mode, n_dims, ff) in [(0, 64, false), (2, 64, true), (0, 32, true), (2, 32, false)] {
+            v.push(spec(
+                format!("rope_back {ty} mode {mode} n_dims {n_dims} ff {ff}"),
+                1e-4,
+                move |c| {
+                    let a = c.input(ty, [64, 4, 3, 2]);
+                    let pos = c.tensor(I32, [3, 1, 1, 1], Fill::Index(100));
+                    let freq = if ff {
+                        c.tensor(F32, [32, 1, 1, 1], Fill::Uniform(0.9, 1.1))
+                    } else {
+                        std::ptr::null_mut()
+                    };
+                    // SAFETY: live context and tensors.
+                    unsafe {
+                        sys::ggml_rope_ext_back(
+                            c.ctx, a, pos, freq, n_dims, mode, 4096, 10000.0, 1.0, 0.5, 1.0, 32.0,
+                            1.0,
+                        )
+                    }
+                },
+            ));
+        }
+    }
+    for nr in [
+        [1i64, 1, 1, 1],
+        [2, 1, 1, 1],
+        [1, 2, 1, 1],
+        [1, 1, 2, 1],
+        [1, 1, 1, 2],
+    ] {
+        v.push(spec(format!("repeat_back nr {nr:?}"), 1e-6, move |c| {
+            let ne = [8i64, 6, 4, 2];
+            let a = c.input(
+                F32,
+                [ne[0] * nr[0], ne[1] * nr[1], ne[2] * nr[2], ne[3] * nr[3]],
+            );
+            let b = c.input(F32, ne);
+            // SAFETY: live context and tensors.
+            unsafe { sys::ggml_repeat_back(c.ctx, a, b) }
+        }));
+    }
+    for ne in [[10i64, 5, 4, 3], [30000, 1, 1, 1]] {
+        v.push(spec(format!("cross_entropy_loss {ne:?}"), 1e-6, move |c| {
+            let logits = c.input(F32, ne);
+            let labels = c.tensor(F32, ne, Fill::Uniform(0.0, 1.0));
+            // SAFETY: live context and tensors.
+            unsafe { sys::ggml_cross_entropy_loss(c.ctx, logits, labels) }
+        }));
+    }
+    for ne in [[10i64, 5, 4, 3], [30000, 1, 1, 1]] {
+        v.push(spec(
+            format!("cross_entropy_loss_back {ne:?}"),
+            1e-6,
+            move |c| {
+                let grad = c.input(F32, [1, 1, 1, 1]);
+                let logits = c.input(F32, ne);
+                let labels = c.tensor(F32, ne, Fill::Uniform(0.0, 1.0));
+                // SAFETY: live context and tensors.
+                unsafe { sys::ggml_cross_entropy_loss_back(c.ctx, grad, logits, labels) }
+            },
+        ));
+    }
+    for ne in [[10i64, 5, 4, 3], [64, 1, 1, 1]] {
+        v.push(spec(format!("opt_step_adamw {ne:?}"), 1e-6, move |c| {
+            let w = c.input(F32, ne);
+            let grad = c.input(F32, ne);
+            let m = c.input(F32, ne);
+            let vv = c.tensor(F32, ne, Fill::Uniform(0.0, 1.0));
+            let params = c.tensor(F32, [7, 1, 1, 1], Fill::Uniform(0.0, 1.0));
+            // SAFETY: live context and tensors.
+            unsafe {
+                sys::ggml_set_param(w);
+                sys::ggml_opt_step_adamw(c.ctx, w, grad, m, vv, params)
+            }
+        }));
+        v.push(spec(format!("opt_step_sgd {ne:?}"), 1e-6, move |c| {
+            let w = c.input(F32, ne);
+            let grad = c.input(F32, ne);
+            let params = c.tensor(F32, [2, 1, 1, 1], Fill::Uniform(0.0, 1.0));
+            // SAFETY: live context and tensors.
+            unsafe {
+                sys::ggml_set_param(w);
+                sys::ggml_opt_step_sgd(c.ctx, w, grad, params)
+            }
+        }));
+    }
 }
 
 fn op_name(t: T) -> String {

@@ -1383,3 +1383,408 @@ fn linear_attention_refuses_what_ggml_cpu_cannot_take() {
     let g = wkv6(1, at_end(7, F32, [16, 9, 1, 1], b, base), b, base);
     computes(&mut c, "rwkv_wkv6", &g);
 }
+
+const OP_REPEAT_BACK: u32 = 21;
+const OP_SILU_BACK: u32 = 23;
+const OP_RMS_NORM_BACK: u32 = 26;
+const OP_DIAG: u32 = 43;
+const OP_DIAG_MASK_ZERO: u32 = 45;
+const OP_SOFT_MAX_BACK: u32 = 47;
+const OP_ROPE_BACK: u32 = 49;
+const OP_WIN_PART: u32 = 78;
+const OP_WIN_UNPART: u32 = 79;
+const OP_GET_REL_POS: u32 = 80;
+const OP_ADD_REL_POS: u32 = 81;
+const OP_SOLVE_TRI: u32 = 85;
+const OP_GATED_DELTA_NET: u32 = 86;
+const OP_LIGHTNING_INDEXER: u32 = 87;
+const OP_DSV4_HC_COMB: u32 = 88;
+const OP_DSV4_HC_PRE: u32 = 89;
+const OP_DSV4_HC_POST: u32 = 90;
+const OP_CROSS_ENTROPY_LOSS: u32 = 96;
+const OP_CROSS_ENTROPY_LOSS_BACK: u32 = 97;
+const OP_OPT_STEP_ADAMW: u32 = 98;
+const OP_OPT_STEP_SGD: u32 = 99;
+
+/// A node `op` over `srcs` (ids 1.. in order) into `r` (id after them);
+/// `None` sources leave their slot empty.
+fn over(
+    op: u32,
+    srcs: Vec<Option<RpcTensor>>,
+    r: RpcTensor,
+    params: &[(usize, i32)],
+) -> GraphPayload {
+    let ids: Vec<u64> = srcs
+        .iter()
+        .map(|t| t.as_ref().map_or(0, |t| t.id))
+        .collect();
+    let mut r = node(r, op, &ids);
+    for &(i, v) in params {
+        r.op_params[i] = v;
+    }
+    let mut tensors: Vec<RpcTensor> = srcs.into_iter().flatten().collect();
+    tensors.push(r);
+    one_node(tensors)
+}
+
+/// GATED_DELTA_NET of head size 4, one head, one token: q, k, v, g, beta,
+/// state at fixed offsets, q's heads `q_heads`, K slots `k_slots`.
+fn gated_delta_net(q_heads: u32, k_slots: i32, r: RpcTensor, b: u64, base: u64) -> GraphPayload {
+    let srcs = vec![
+        Some(packed(1, F32, [4, q_heads, 1, 1], b, base, 0)),
+        Some(packed(2, F32, [4, 1, 1, 1], b, base, 256)),
+        Some(packed(3, F32, [4, 1, 1, 1], b, base, 512)),
+        Some(packed(4, F32, [1, 1, 1, 1], b, base, 768)),
+        Some(packed(5, F32, [1, 1, 1, 1], b, base, 1024)),
+        Some(packed(6, F32, [4, 4, 1, 1], b, base, 1280)),
+    ];
+    over(OP_GATED_DELTA_NET, srcs, r, &[(0, k_slots)])
+}
+
+#[test]
+fn solvers_and_window_ops_refuse_what_ggml_cpu_cannot_take() {
+    let h = start_ggml();
+    // SOLVE_TRI of a 4 x 4 A (at the buffer's end) for B of 64 rows: the
+    // kernel indexes A by B's rows (`A[i00 * 64 + t]`), 16 KiB past it;
+    // its own asserts (A square, X of B's shape) all hold.
+    refused(&h, "solve_tri of A smaller than B's rows", |b, base| {
+        let a = at_end(1, F32, [4, 4, 1, 1], b, base);
+        let bt = packed(2, F32, [1, 64, 1, 1], b, base, 0);
+        let r = packed(3, F32, [1, 64, 1, 1], b, base, 1024);
+        over(OP_SOLVE_TRI, vec![Some(a), Some(bt)], r, &[])
+    });
+    // GATED_DELTA_NET: q of 0 heads (`h % neq1`: SIGFPE); a result of the
+    // attention rows only at the buffer's end (the state written 64 bytes
+    // past it); K = 0 (GGML_ASSERT).
+    refused(&h, "gated_delta_net of q with 0 heads", |b, base| {
+        gated_delta_net(0, 1, packed(7, F32, [4, 5, 1, 1], b, base, 2048), b, base)
+    });
+    refused(&h, "gated_delta_net result without its state", |b, base| {
+        gated_delta_net(1, 1, at_end(7, F32, [4, 1, 1, 1], b, base), b, base)
+    });
+    refused(&h, "gated_delta_net K 0", |b, base| {
+        gated_delta_net(1, 0, packed(7, F32, [4, 5, 1, 1], b, base, 2048), b, base)
+    });
+    // DIAG of a row of 4 into rows of 8 (GGML_ASSERT(ne00 == ne0)).
+    refused(&h, "diag into longer rows", |b, base| {
+        let a = packed(1, F32, [4, 1, 1, 1], b, base, 0);
+        over(
+            OP_DIAG,
+            vec![Some(a)],
+            packed(2, F32, [8, 8, 1, 1], b, base, 1024),
+            &[],
+        )
+    });
+    // DIAG_MASK_ZERO / _INF of rows of 0 rows: `ggml_nrows / ne1` is 0 / 0
+    // (SIGFPE).
+    for op in [OP_DIAG_MASK_ZERO, OP_DIAG_MASK_INF] {
+        refused(&h, "diag_mask of 0 rows", |b, base| {
+            let a = packed(1, F32, [4, 0, 2, 1], b, base, 0);
+            over(
+                op,
+                vec![Some(a)],
+                packed(2, F32, [4, 0, 2, 1], b, base, 1024),
+                &[],
+            )
+        });
+    }
+    // WIN_PART: 12 windows of 4 x 4 (npx 4, npy 3 of a 13 x 11 image) into
+    // a result of one window at the buffer's end; w = -4 (the second row of
+    // windows reads 4 rows before the image, at the buffer's start).
+    refused(&h, "win_part into one window", |b, base| {
+        let a = packed(1, F32, [8, 13, 11, 1], b, base, 0);
+        let r = at_end(2, F32, [8, 4, 4, 1], b, base);
+        over(OP_WIN_PART, vec![Some(a)], r, &[(0, 4), (1, 3), (2, 4)])
+    });
+    refused(&h, "win_part w -4", |b, base| {
+        let a = packed(1, F32, [8, 13, 11, 1], b, base, 0);
+        let r = packed(2, F32, [8, 4, 4, 12], b, base, 8192);
+        over(OP_WIN_PART, vec![Some(a)], r, &[(0, 4), (1, 3), (2, -4)])
+    });
+    // WIN_UNPART with w = 0 (`ne1 % w`: SIGFPE).
+    refused(&h, "win_unpart w 0", |b, base| {
+        let a = packed(1, F32, [8, 4, 4, 12], b, base, 0);
+        let r = packed(2, F32, [8, 13, 11, 1], b, base, 8192);
+        over(OP_WIN_UNPART, vec![Some(a)], r, &[(0, 0)])
+    });
+    // GET_REL_POS of a table of 3 rows (at the buffer's end) into 5 x 5
+    // positions: rows up to 8 read, up to 96 bytes past it.
+    refused(&h, "get_rel_pos of too few rows", |b, base| {
+        let a = at_end(1, F16, [8, 3, 1, 1], b, base);
+        let r = packed(2, F16, [8, 5, 5, 1], b, base, 0);
+        over(OP_GET_REL_POS, vec![Some(a)], r, &[])
+    });
+    // ADD_REL_POS with pw / ph of 2 heads into a result of one (at the
+    // buffer's end): 64 bytes written past it.
+    refused(
+        &h,
+        "add_rel_pos of more heads than the result",
+        |b, base| {
+            let a = packed(1, F32, [4, 4, 1, 1], b, base, 0);
+            let pw = packed(2, F32, [2, 2, 2, 2], b, base, 1024);
+            let ph = packed(3, F32, [2, 2, 2, 2], b, base, 2048);
+            let r = at_end(4, F32, [4, 4, 1, 1], b, base);
+            over(OP_ADD_REL_POS, vec![Some(a), Some(pw), Some(ph)], r, &[])
+        },
+    );
+    // The valid forms compute.
+    let (mut c, b, base) = session(&h);
+    let g = gated_delta_net(1, 1, at_end(7, F32, [4, 5, 1, 1], b, base), b, base);
+    computes(&mut c, "gated_delta_net", &g);
+    let a = packed(1, F32, [8, 13, 11, 1], b, base, 0);
+    let r = at_end(2, F32, [8, 4, 4, 12], b, base);
+    let g = over(OP_WIN_PART, vec![Some(a)], r, &[(0, 4), (1, 3), (2, 4)]);
+    computes(&mut c, "win_part", &g);
+    let a = packed(1, F32, [4, 4, 1, 1], b, base, 0);
+    let r = at_end(4, F32, [4, 4, 1, 1], b, base);
+    let pw = packed(2, F32, [2, 2, 2, 1], b, base, 1024);
+    let ph = packed(3, F32, [2, 2, 2, 1], b, base, 2048);
+    let g = over(OP_ADD_REL_POS, vec![Some(a), Some(pw), Some(ph)], r, &[]);
+    computes(&mut c, "add_rel_pos", &g);
+}
+
+#[test]
+fn deepseek_v4_ops_refuse_what_ggml_cpu_cannot_take() {
+    let h = start_ggml();
+    // DSV4_HC_COMB with n_iter 0; DSV4_HC_PRE gated with weights of the
+    // plain form; DSV4_HC_POST with a comb of 3 x 3: each a GGML_ASSERT.
+    let comb = |n_iter: i32, b: u64, base: u64| {
+        let srcs = vec![
+            Some(packed(1, F32, [24, 5, 1, 1], b, base, 0)),
+            Some(packed(2, F32, [3, 1, 1, 1], b, base, 1024)),
+            Some(packed(3, F32, [24, 1, 1, 1], b, base, 2048)),
+        ];
+        let r = at_end(4, F32, [4, 4, 5, 1], b, base);
+        over(OP_DSV4_HC_COMB, srcs, r, &[(1, n_iter)])
+    };
+    refused(&h, "dsv4_hc_comb n_iter 0", |b, base| comb(0, b, base));
+    refused(&h, "dsv4_hc_pre gated with plain weights", |b, base| {
+        let x = packed(1, F32, [32, 4, 5, 1], b, base, 0);
+        let w = packed(2, F32, [4, 5, 1, 1], b, base, 4096);
+        let r = at_end(3, F32, [32, 5, 1, 1], b, base);
+        over(OP_DSV4_HC_PRE, vec![Some(x), Some(w)], r, &[(1, 1)])
+    });
+    let post = |comb_ne: [u32; 4], b: u64, base: u64| {
+        let srcs = vec![
+            Some(packed(1, F32, [32, 5, 1, 1], b, base, 0)),
+            Some(packed(2, F32, [32, 4, 5, 1], b, base, 1024)),
+            Some(packed(3, F32, [4, 5, 1, 1], b, base, 4096)),
+            Some(packed(4, F32, comb_ne, b, base, 8192)),
+        ];
+        over(
+            OP_DSV4_HC_POST,
+            srcs,
+            at_end(5, F32, [32, 4, 5, 1], b, base),
+            &[],
+        )
+    };
+    refused(&h, "dsv4_hc_post comb 3 x 3", |b, base| {
+        post([3, 3, 5, 1], b, base)
+    });
+    // LIGHTNING_INDEXER: a mask of 0 streams (`s % nem3`: SIGFPE); F32
+    // keys of 4 values for q rows of 64 (the dot reads 240 bytes past the
+    // keys at the buffer's end).
+    let indexer = |k: RpcTensor, mask_streams: u32, b: u64, base: u64| {
+        let srcs = vec![
+            Some(packed(1, F32, [64, 4, 3, 1], b, base, 0)),
+            Some(k),
+            Some(packed(3, F32, [4, 3, 1, 1], b, base, 8192)),
+            Some(packed(4, F16, [10, 3, 1, mask_streams], b, base, 9216)),
+        ];
+        let r = packed(5, F32, [10, 3, 1, 1], b, base, 10240);
+        over(OP_LIGHTNING_INDEXER, srcs, r, &[])
+    };
+    refused(&h, "lightning_indexer of a mask of 0 streams", |b, base| {
+        indexer(packed(2, F32, [64, 1, 10, 1], b, base, 4096), 0, b, base)
+    });
+    refused(&h, "lightning_indexer of short keys", |b, base| {
+        indexer(at_end(2, F32, [4, 1, 10, 1], b, base), 1, b, base)
+    });
+    // OUT_PROD of Q8_1 (no to_float: GGML_ABORT in the type switch).
+    refused(&h, "out_prod of q8_1", |b, base| {
+        let a = packed(1, Q8_1, [32, 4, 1, 1], b, base, 0);
+        let bt = packed(2, F32, [4, 4, 1, 1], b, base, 1024);
+        over(
+            OP_OUT_PROD,
+            vec![Some(a), Some(bt)],
+            packed(3, F32, [32, 4, 1, 1], b, base, 2048),
+            &[],
+        )
+    });
+    // The valid forms compute.
+    let (mut c, b, base) = session(&h);
+    computes(&mut c, "dsv4_hc_comb", &comb(3, b, base));
+    computes(&mut c, "dsv4_hc_post", &post([4, 4, 5, 1], b, base));
+    let g = indexer(at_end(2, Q8_0, [64, 1, 10, 1], b, base), 1, b, base);
+    computes(&mut c, "lightning_indexer of Q8_0 keys", &g);
+    let a = packed(1, Q8_0, [32, 4, 1, 1], b, base, 0);
+    let bt = packed(2, F32, [4, 4, 1, 1], b, base, 1024);
+    let g = over(
+        OP_OUT_PROD,
+        vec![Some(a), Some(bt)],
+        at_end(3, F32, [32, 4, 1, 1], b, base),
+        &[],
+    );
+    computes(&mut c, "out_prod of q8_0", &g);
+}
+
+#[test]
+fn backward_and_optimizer_ops_refuse_what_ggml_cpu_cannot_take() {
+    let h = start_ggml();
+    // SILU_BACK of a gradient of one row (at the buffer's end) for x of 4:
+    // rows of x's count read from the gradient, 768 bytes past it.
+    refused(&h, "silu_back of a short gradient", |b, base| {
+        let g = at_end(1, F32, [64, 1, 1, 1], b, base);
+        let x = packed(2, F32, [64, 4, 1, 1], b, base, 0);
+        over(
+            OP_SILU_BACK,
+            vec![Some(g), Some(x)],
+            packed(3, F32, [64, 4, 1, 1], b, base, 1024),
+            &[],
+        )
+    });
+    // RMS_NORM_BACK of F16 x (GGML_ASSERT(nb10 == sizeof(float))).
+    refused(&h, "rms_norm_back of F16 x", |b, base| {
+        let dz = packed(1, F32, [64, 4, 1, 1], b, base, 0);
+        let x = packed(2, F16, [64, 4, 1, 1], b, base, 1024);
+        over(
+            OP_RMS_NORM_BACK,
+            vec![Some(dz), Some(x)],
+            packed(3, F32, [64, 4, 1, 1], b, base, 2048),
+            &[],
+        )
+    });
+    // SOFT_MAX_BACK: F16 y at the buffer's end (rows of 64 floats read
+    // 128 bytes apart: the last one 128 bytes past it); max_bias 1
+    // (GGML_ASSERT).
+    refused(&h, "soft_max_back of F16 y", |b, base| {
+        let dy = packed(1, F32, [64, 4, 1, 1], b, base, 0);
+        let y = at_end(2, F16, [64, 4, 1, 1], b, base);
+        over(
+            OP_SOFT_MAX_BACK,
+            vec![Some(dy), Some(y)],
+            packed(3, F32, [64, 4, 1, 1], b, base, 2048),
+            &[],
+        )
+    });
+    refused(&h, "soft_max_back max_bias 1", |b, base| {
+        let dy = packed(1, F32, [64, 4, 1, 1], b, base, 0);
+        let y = packed(2, F32, [64, 4, 1, 1], b, base, 1024);
+        let r = packed(3, F32, [64, 4, 1, 1], b, base, 2048);
+        over(
+            OP_SOFT_MAX_BACK,
+            vec![Some(dy), Some(y)],
+            r,
+            &[(1, 1.0f32.to_bits() as i32)],
+        )
+    });
+    // ROPE_BACK of mode 5 (GGML_ABORT "rope type not supported").
+    refused(&h, "rope_back mode 5", |b, base| {
+        let a = packed(1, F32, [64, 4, 3, 1], b, base, 0);
+        let pos = packed(2, I32, [3, 1, 1, 1], b, base, 4096);
+        let r = packed(3, F32, [64, 4, 3, 1], b, base, 8192);
+        over(
+            OP_ROPE_BACK,
+            vec![Some(a), Some(pos)],
+            r,
+            &[(1, 64), (2, 5)],
+        )
+    });
+    // REPEAT_BACK into an empty result from an empty source
+    // (ggml_can_repeat holds; `ne00 / ne0` is 0 / 0: SIGFPE).
+    refused(&h, "repeat_back into an empty result", |b, base| {
+        let a = packed(1, F32, [0, 4, 1, 1], b, base, 0);
+        over(
+            OP_REPEAT_BACK,
+            vec![Some(a)],
+            packed(2, F32, [0, 2, 1, 1], b, base, 1024),
+            &[],
+        )
+    });
+    // CROSS_ENTROPY_LOSS of labels whose planes overlap (same shape, 160
+    // bytes at the buffer's end; six rows read at 40-byte steps: 80 bytes
+    // past it).
+    refused(
+        &h,
+        "cross_entropy_loss of overlapping label planes",
+        |b, base| {
+            let a = packed(1, F32, [10, 2, 3, 1], b, base, 0);
+            let l = tensor(2, F32, [10, 2, 3, 1], [4, 40, 40, 120], b, base, BUF - 160);
+            let r = packed(3, F32, [1, 1, 1, 1], b, base, 1024);
+            over(OP_CROSS_ENTROPY_LOSS, vec![Some(a), Some(l)], r, &[])
+        },
+    );
+    // CROSS_ENTROPY_LOSS_BACK of an F16 gradient (GGML_ABORT).
+    refused(
+        &h,
+        "cross_entropy_loss_back of an F16 gradient",
+        |b, base| {
+            let g = packed(1, F16, [1, 1, 1, 1], b, base, 0);
+            let a = packed(2, F32, [10, 4, 1, 1], b, base, 1024);
+            let l = packed(3, F32, [10, 4, 1, 1], b, base, 2048);
+            let r = packed(4, F32, [10, 4, 1, 1], b, base, 4096);
+            over(
+                OP_CROSS_ENTROPY_LOSS_BACK,
+                vec![Some(g), Some(a), Some(l)],
+                r,
+                &[],
+            )
+        },
+    );
+    // OPT_STEP_ADAMW / _SGD: weights with rows 128 bytes apart, a packed
+    // gradient of their shape at the buffer's end: the kernels read it at
+    // the weights' offsets (192 bytes past it).
+    let step = |op: u32, b: u64, base: u64| {
+        let strided = |id: u64, offset: u64| {
+            tensor(id, F32, [16, 4, 1, 1], [4, 128, 512, 512], b, base, offset)
+        };
+        let mut srcs = vec![
+            Some(strided(1, 0)),
+            Some(at_end(2, F32, [16, 4, 1, 1], b, base)),
+        ];
+        let n_params = if op == OP_OPT_STEP_ADAMW {
+            srcs.push(Some(strided(3, 1024)));
+            srcs.push(Some(strided(4, 2048)));
+            7
+        } else {
+            2
+        };
+        srcs.push(Some(packed(5, F32, [n_params, 1, 1, 1], b, base, 4096)));
+        over(op, srcs, strided(6, 8192), &[])
+    };
+    for op in [OP_OPT_STEP_ADAMW, OP_OPT_STEP_SGD] {
+        refused(
+            &h,
+            "optimizer step of a gradient of other strides",
+            |b, base| step(op, b, base),
+        );
+    }
+    // The valid forms compute.
+    let (mut c, b, base) = session(&h);
+    let g = at_end(1, F32, [64, 4, 1, 1], b, base);
+    let x = packed(2, F32, [64, 4, 1, 1], b, base, 0);
+    let s = over(
+        OP_SILU_BACK,
+        vec![Some(g), Some(x)],
+        packed(3, F32, [64, 4, 1, 1], b, base, 1024),
+        &[],
+    );
+    computes(&mut c, "silu_back", &s);
+    let a = packed(1, F32, [10, 2, 3, 1], b, base, 0);
+    let l = at_end(2, F32, [10, 2, 3, 1], b, base);
+    let r = packed(3, F32, [1, 1, 1, 1], b, base, 1024);
+    computes(
+        &mut c,
+        "cross_entropy_loss",
+        &over(OP_CROSS_ENTROPY_LOSS, vec![Some(a), Some(l)], r, &[]),
+    );
+    let w = packed(1, F32, [16, 4, 1, 1], b, base, 0);
+    let gr = at_end(2, F32, [16, 4, 1, 1], b, base);
+    let p = packed(3, F32, [2, 1, 1, 1], b, base, 4096);
+    let r = packed(4, F32, [16, 4, 1, 1], b, base, 8192);
+    computes(
+        &mut c,
+        "opt_step_sgd",
+        &over(OP_OPT_STEP_SGD, vec![Some(w), Some(gr), Some(p)], r, &[]),
+    );
+}

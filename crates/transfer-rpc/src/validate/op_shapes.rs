@@ -51,6 +51,7 @@ const OP_RMS_NORM: u32 = 25;
 const OP_MUL_MAT: u32 = 29;
 const OP_SOFT_MAX: u32 = 46;
 const OP_ROPE: u32 = 48;
+const OP_ROPE_BACK: u32 = 49;
 const OP_FLASH_ATTN_EXT: u32 = 74;
 
 /// `GGML_ROPE_TYPE_*` (ggml.h).
@@ -272,7 +273,7 @@ pub fn check_graph_ops(g: &ValidatedGraph) -> Result<()> {
 /// stay inside the source's buffer (the bytes read there are discarded).
 fn check_reads_past_extent(g: &ValidatedGraph, n: usize) -> Result<()> {
     let r = &g.tensors[n];
-    if r.op != OP_ROPE || nelements(r) == 0 {
+    if !matches!(r.op, OP_ROPE | OP_ROPE_BACK) || nelements(r) == 0 {
         return Ok(());
     }
     let Some(c) = g.srcs[n][2] else {
@@ -589,7 +590,9 @@ pub fn check_node(
             }
             Ok(())
         }
-        OP_ROPE => check_rope(r, s),
+        // ROPE_BACK runs ROPE's kernel (ggml_compute_forward_rope_flt with
+        // forward = false, which only flips the sine).
+        OP_ROPE | OP_ROPE_BACK => check_rope(r, s),
         OP_SOFT_MAX => {
             let a = src(0)?;
             // ggml_compute_forward_soft_max (ops.cpp): F32 only
@@ -734,7 +737,8 @@ fn check_copy(r: &RpcTensor, s: &[Option<&RpcTensor>; MAX_SRC]) -> Result<()> {
     )
 }
 
-/// ROPE: `ggml_compute_forward_rope_flt` (ops.cpp), all five modes.
+/// ROPE and ROPE_BACK: `ggml_compute_forward_rope_flt` (ops.cpp), all five
+/// modes.
 fn check_rope(r: &RpcTensor, s: &[Option<&RpcTensor>; MAX_SRC]) -> Result<()> {
     let op = r.op;
     let (Some(a), Some(b)) = (s[0], s[1]) else {

@@ -7,6 +7,7 @@
 //! size the graph plan's work buffer from their shapes (bounded here),
 //! CONV_2D / CONV_3D use a fixed 16 MiB one.
 
+use super::cpu_types;
 use super::op_shapes::{flat_walk, is_contiguous, nelements, refuse, rows_contiguous, type_size};
 use super::types::{GGML_TYPE_F16, GGML_TYPE_F32};
 use crate::error::Result;
@@ -88,7 +89,7 @@ pub(super) fn check(r: &RpcTensor, s: &[Option<&RpcTensor>; MAX_SRC]) -> Option<
             Some(a) => check_upscale(r, a),
             None => refuse(r.op, "missing source 0"),
         },
-        _ => return None,
+        _ => return super::op_shapes_misc::check(r, s),
     };
     Some(checked)
 }
@@ -156,22 +157,29 @@ fn check_linear_attn(r: &RpcTensor, s: &[Option<&RpcTensor>; MAX_SRC]) -> Result
     Ok(())
 }
 
-/// OUT_PROD: `ggml_compute_forward_out_prod_{f32,f16_f32}` by src0's
-/// type (the quantized path is not served; GGML_ABORT on other types).
+/// OUT_PROD: `ggml_compute_forward_out_prod_{f32,f16_f32,q_f32}` by
+/// src0's type (GGML_ABORT on other types).
 /// GGML_ASSERT: src1 and dst F32, ne0 = ne00, ne1 = ne10, ne2 = ne12, ne3
 /// = ne13, nb00 = src0's element size, nb0 = 4; F32: ne2 % ne02 == 0, ne3
-/// % ne03 == 0 (a modulo by an empty dim is SIGFPE); F16: ne02 = ne12,
-/// ne03 = ne13. Thread 0 zeroes `ne0 * ne1 * ne2 * ne3` floats from dst's
+/// % ne03 == 0 (a modulo by an empty dim is SIGFPE); F16 and quantized:
+/// ne02 = ne12, ne03 = ne13. Thread 0 zeroes `ne0 * ne1 * ne2 * ne3` floats from dst's
 /// start (contiguous); rows i01 < ne01 of src0 pair with rows i11 = i01 of
-/// src1 (ggml_can_out_prod: ne01 = ne11). The F16 path's work buffer is
-/// bounded by `MAX_OUT_PROD_F16_ROW`.
+/// src1 (ggml_can_out_prod: ne01 = ne11). The F16 and quantized paths'
+/// work buffer (one widened row per thread) is bounded by
+/// `MAX_OUT_PROD_F16_ROW`.
 fn check_out_prod(r: &RpcTensor, a: &RpcTensor, b: &RpcTensor) -> Result<()> {
     let op = r.op;
     let broadcast_ok = match a.ty {
         GGML_TYPE_F32 => {
             a.ne[2] >= 1 && a.ne[3] >= 1 && r.ne[2] % a.ne[2] == 0 && r.ne[3] % a.ne[3] == 0
         }
-        GGML_TYPE_F16 => a.ne[2..] == b.ne[2..] && a.ne[0] <= MAX_OUT_PROD_F16_ROW,
+        // The quantized path (`out_prod_q_f32`, every block type with a
+        // `to_float`: q8_1 and q8_K have none and GGML_ABORT) asserts what
+        // the F16 one does and dequantizes each src0 row into the same
+        // per-thread work buffer.
+        t if t == GGML_TYPE_F16 || cpu_types::quantized_with_to_float(t) => {
+            a.ne[2..] == b.ne[2..] && a.ne[0] <= MAX_OUT_PROD_F16_ROW
+        }
         _ => false,
     };
     if !broadcast_ok

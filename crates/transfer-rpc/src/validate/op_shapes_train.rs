@@ -1,0 +1,242 @@
+//! Op rules for the backward and optimizer ops of issue 11's last part
+//! (what ggml's training graphs and test-backend-ops' gradient checks
+//! send): SILU_BACK, RMS_NORM_BACK, SOFT_MAX_BACK, REPEAT_BACK,
+//! CROSS_ENTROPY_LOSS, CROSS_ENTROPY_LOSS_BACK, OPT_STEP_ADAMW and
+//! OPT_STEP_SGD (ROPE_BACK runs ROPE's kernel and takes ROPE's rule in
+//! `op_shapes.rs`). As in `op_shapes.rs`, each rule is what the op's
+//! ggml-cpu kernel (ops.cpp of the vendored llama.cpp) asserts, aborts on,
+//! or needs to stay inside its tensors. The optimizer steps write into
+//! their sources (the weights and the moments), not into their result.
+
+use super::op_shapes::{
+    can_repeat, f32_param, flat_rows, flat_walk, is_contiguous, nelements, refuse, rows_contiguous,
+    same_type_flat_map,
+};
+use super::types::GGML_TYPE_F32;
+use crate::error::Result;
+use crate::protocol::tensor::{MAX_SRC, RpcTensor};
+
+/// `GGML_OP_*` of the ops checked here.
+pub(super) const OP_REPEAT_BACK: u32 = 21;
+pub(super) const OP_SILU_BACK: u32 = 23;
+pub(super) const OP_RMS_NORM_BACK: u32 = 26;
+pub(super) const OP_SOFT_MAX_BACK: u32 = 47;
+pub(super) const OP_CROSS_ENTROPY_LOSS: u32 = 96;
+pub(super) const OP_CROSS_ENTROPY_LOSS_BACK: u32 = 97;
+pub(super) const OP_OPT_STEP_ADAMW: u32 = 98;
+pub(super) const OP_OPT_STEP_SGD: u32 = 99;
+
+/// Longest CROSS_ENTROPY_LOSS row accepted: ggml_graph_plan gives each
+/// thread a row of `ne00` floats of work buffer (the log-softmax), sized
+/// from the row length alone and allocated with `new[]`, which aborts
+/// when it fails. 1M floats (4 MiB a thread) is four times the largest
+/// vocabulary in use.
+pub const MAX_CROSS_ENTROPY_ROW: u32 = 1 << 20;
+
+/// Checks one node of an op of this module; `None` for other ops.
+pub(super) fn check(r: &RpcTensor, s: &[Option<&RpcTensor>; MAX_SRC]) -> Option<Result<()>> {
+    let op = r.op;
+    let checked = match op {
+        OP_SILU_BACK | OP_RMS_NORM_BACK | OP_SOFT_MAX_BACK | OP_CROSS_ENTROPY_LOSS => {
+            match (s[0], s[1]) {
+                (Some(a), Some(b)) => match op {
+                    OP_SILU_BACK => check_silu_back(r, a, b),
+                    OP_RMS_NORM_BACK => check_rms_norm_back(r, a, b),
+                    OP_SOFT_MAX_BACK => check_soft_max_back(r, a, b),
+                    _ => check_cross_entropy_loss(r, a, b),
+                },
+                _ => refuse(op, "needs two sources"),
+            }
+        }
+        OP_REPEAT_BACK => match s[0] {
+            Some(a) => check_repeat_back(r, a),
+            None => refuse(op, "missing source 0"),
+        },
+        OP_CROSS_ENTROPY_LOSS_BACK => match (s[0], s[1], s[2]) {
+            (Some(g), Some(a), Some(b)) => check_cross_entropy_loss_back(r, g, a, b),
+            _ => refuse(op, "needs three sources"),
+        },
+        OP_OPT_STEP_ADAMW | OP_OPT_STEP_SGD => check_opt_step(r, s),
+        _ => return None,
+    };
+    Some(checked)
+}
+
+/// SILU_BACK (grad, x): `ggml_compute_forward_silu_back_{f32,f16}` by
+/// grad's type (GGML_ABORT on others); x and dst are read and written as
+/// that type. Row i1 < `ggml_nrows(x)` of each is `nc = x ne[0]` packed
+/// elements at `i1 * nb1`, one flat run (the kernel's asserts, compiled
+/// out, name ggml_is_contiguous_1 and equal shapes).
+fn check_silu_back(r: &RpcTensor, g: &RpcTensor, x: &RpcTensor) -> Result<()> {
+    if !same_type_flat_map(r, g) || !same_type_flat_map(r, x) {
+        return refuse(
+            r.op,
+            format!("silu_back of {:?} and {:?} into {:?}", g.ne, x.ne, r.ne),
+        );
+    }
+    Ok(())
+}
+
+/// RMS_NORM_BACK (dz, x): `ggml_compute_forward_rms_norm_back_f32` (F32
+/// dz, GGML_ABORT otherwise; x read and dst written as floats).
+/// GGML_ASSERT: the three of one shape, nb00 = nb10 = 4; dst rows are
+/// written as `ne00` packed floats (nb0 = 4 too); rows by their strides.
+/// eps (op_params[0]) is a plain float.
+fn check_rms_norm_back(r: &RpcTensor, dz: &RpcTensor, x: &RpcTensor) -> Result<()> {
+    let f32_rows = [r, dz, x]
+        .iter()
+        .all(|t| t.ty == GGML_TYPE_F32 && t.nb[0] == 4);
+    if !f32_rows || r.ne != dz.ne || x.ne != dz.ne {
+        return refuse(
+            r.op,
+            format!(
+                "rms_norm_back of {:?} and {:?} into {:?}",
+                dz.ne, x.ne, r.ne
+            ),
+        );
+    }
+    Ok(())
+}
+
+/// SOFT_MAX_BACK (dy, y): `ggml_compute_forward_soft_max_ext_back_f32`
+/// (F32 dy, GGML_ABORT otherwise; y read and dst written as floats).
+/// GGML_ASSERT: the three contiguous and of one shape, max_bias
+/// (op_params[1]) = 0. Row i1 < `ggml_nrows` of each is read at `i1 *
+/// nb1` (one flat run: `ggml_is_contiguous` leaves nb1 free when ne1 =
+/// 1). scale (op_params[0]) is a plain float.
+fn check_soft_max_back(r: &RpcTensor, dy: &RpcTensor, y: &RpcTensor) -> Result<()> {
+    let op = r.op;
+    let flat = [r, dy, y]
+        .iter()
+        .all(|t| t.ty == GGML_TYPE_F32 && flat_rows(t));
+    if !flat || r.ne != dy.ne || y.ne != dy.ne {
+        return refuse(
+            op,
+            format!(
+                "soft_max_back of {:?} and {:?} into {:?}",
+                dy.ne, y.ne, r.ne
+            ),
+        );
+    }
+    let max_bias = f32_param(r, 1);
+    if max_bias != 0.0 {
+        return refuse(op, format!("soft_max_back max_bias {max_bias}"));
+    }
+    Ok(())
+}
+
+/// REPEAT_BACK: `ggml_compute_forward_repeat_back_f32` (F32 source,
+/// GGML_ABORT otherwise; dst written as floats). GGML_ASSERT:
+/// ggml_can_repeat(dst, src0), nb0 = nb00 = 4; it divides each source dim
+/// by dst's (`ne00 / ne0`: SIGFPE when dst is empty, which ggml_can_repeat
+/// lets through with an empty source), zeroes dst (flat when contiguous,
+/// else row by row) and adds the source's blocks by their strides.
+fn check_repeat_back(r: &RpcTensor, a: &RpcTensor) -> Result<()> {
+    if a.ty != GGML_TYPE_F32
+        || r.ty != GGML_TYPE_F32
+        || a.nb[0] != 4
+        || r.nb[0] != 4
+        || !can_repeat(r, a)
+    {
+        return refuse(r.op, format!("repeat_back of {:?} into {:?}", a.ne, r.ne));
+    }
+    Ok(())
+}
+
+/// CROSS_ENTROPY_LOSS (logits, labels):
+/// `ggml_compute_forward_cross_entropy_loss_f32`. GGML_ASSERT: both F32
+/// with packed rows, one shape, dst an F32 scalar. Row i1 < `ggml_nrows`
+/// of each is read at `i1 * nb1` (one flat run). Each thread's log-softmax
+/// row lives in the work buffer (`MAX_CROSS_ENTROPY_ROW`).
+fn check_cross_entropy_loss(r: &RpcTensor, a: &RpcTensor, b: &RpcTensor) -> Result<()> {
+    let rows_ok = [a, b]
+        .iter()
+        .all(|t| t.ty == GGML_TYPE_F32 && rows_contiguous(t) && flat_walk(t));
+    if !rows_ok
+        || a.ne != b.ne
+        || r.ty != GGML_TYPE_F32
+        || r.ne != [1, 1, 1, 1]
+        || a.ne[0] > MAX_CROSS_ENTROPY_ROW
+    {
+        return refuse(
+            r.op,
+            format!(
+                "cross_entropy_loss of {:?} and {:?} into {:?}",
+                a.ne, b.ne, r.ne
+            ),
+        );
+    }
+    Ok(())
+}
+
+/// CROSS_ENTROPY_LOSS_BACK (grad, logits, labels):
+/// `ggml_compute_forward_cross_entropy_loss_back_f32` (F32 grad,
+/// GGML_ABORT otherwise; the rest read and written as floats).
+/// GGML_ASSERT: all four contiguous, logits, labels and dst of one shape.
+/// It reads `grad[0]` (a non-empty grad) and row i1 < `ggml_nrows` of the
+/// others at `i1 * nb1` (one flat run).
+fn check_cross_entropy_loss_back(
+    r: &RpcTensor,
+    g: &RpcTensor,
+    a: &RpcTensor,
+    b: &RpcTensor,
+) -> Result<()> {
+    let flat = [r, a, b]
+        .iter()
+        .all(|t| t.ty == GGML_TYPE_F32 && flat_rows(t));
+    if !flat
+        || g.ty != GGML_TYPE_F32
+        || !is_contiguous(g)
+        || nelements(g) == 0
+        || a.ne != b.ne
+        || r.ne != a.ne
+    {
+        return refuse(
+            r.op,
+            format!(
+                "cross_entropy_loss_back of {:?}, {:?}, {:?} into {:?}",
+                g.ne, a.ne, b.ne, r.ne
+            ),
+        );
+    }
+    Ok(())
+}
+
+/// OPT_STEP_ADAMW (w, grad, m, v, params) / OPT_STEP_SGD (w, grad,
+/// params): `ggml_compute_forward_opt_step_{adamw,sgd}_f32` (F32 w,
+/// GGML_ABORT otherwise). GGML_ASSERT: grad (and m, v) of w's shape, nb00
+/// = 4, 7 (2) parameters. Each row's byte offset is computed from w's
+/// strides and used for grad, m and v too, which are read (m, v and w
+/// written) as floats: all F32 with w's strides. The parameters are read
+/// as a packed float array from their data pointer (`ggml_get_data_f32`):
+/// contiguous F32. dst (ggml's view of w) is not touched.
+fn check_opt_step(r: &RpcTensor, s: &[Option<&RpcTensor>; MAX_SRC]) -> Result<()> {
+    let op = r.op;
+    let (n_moving, n_params) = if op == OP_OPT_STEP_ADAMW {
+        (4, 7)
+    } else {
+        (2, 2)
+    };
+    let (Some(w), Some(params)) = (s[0], s[n_moving]) else {
+        return refuse(op, "optimizer step sources missing");
+    };
+    let mut same_layout = true;
+    for slot in &s[..n_moving] {
+        same_layout &= slot.is_some_and(|t| t.ty == GGML_TYPE_F32 && t.ne == w.ne && t.nb == w.nb);
+    }
+    if !same_layout
+        || w.nb[0] != 4
+        || params.ty != GGML_TYPE_F32
+        || !is_contiguous(params)
+        || nelements(params) != n_params
+    {
+        return refuse(
+            op,
+            format!(
+                "optimizer step of {:?} (parameters {:?}) needs F32 moments of its layout",
+                w.ne, params.ne
+            ),
+        );
+    }
+    Ok(())
+}
