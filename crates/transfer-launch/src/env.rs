@@ -131,7 +131,8 @@ pub fn detect(get: impl Fn(&str) -> Option<String>) -> Result<LaunchInfo> {
     if let Some(j) = job_override {
         info.job = j;
     }
-    if info.job.len() > crate::wire::MAX_TOKEN {
+    // Room for the convention's name in the wire token; a long id becomes its hash.
+    if info.job.len() > crate::wire::MAX_TOKEN - 32 {
         info.job = format!("{:016x}", fnv1a(info.job.as_bytes()));
     }
     Ok(info)
@@ -512,6 +513,15 @@ mod tests {
         assert_eq!(i.rendezvous.port, derived_port("77.0"));
         assert!((DEFAULT_PORT..DEFAULT_PORT + PORT_SPREAD).contains(&i.rendezvous.port));
         assert_ne!(derived_port("77.0"), derived_port("78.0"));
+        let long = "j".repeat(500);
+        let i = env(&[
+            ("SLURM_PROCID", "0"),
+            ("SLURM_NTASKS", "1"),
+            ("SLURM_NODELIST", "a"),
+            ("SLURM_JOB_ID", &long),
+        ])
+        .unwrap();
+        assert_eq!(i.job.len(), 16, "hashed: {}", i.job);
         let e = env(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2")]).unwrap_err();
         assert!(e.to_string().contains("NODELIST"), "{e}");
         let e = env(&[

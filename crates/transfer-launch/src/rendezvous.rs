@@ -56,9 +56,14 @@ const KEEP_REFUSALS: usize = 8;
 /// The job token on the wire: convention and job id, so a torchrun job and
 /// a Slurm job with the same id do not mix either.
 pub fn token(info: &LaunchInfo) -> String {
-    let t = format!("{}:{}", info.convention.name(), info.job);
-    // `detect` keeps the job id short; the cut is a last guard.
-    t.chars().take(wire::MAX_TOKEN).collect()
+    let mut t = format!("{}:{}", info.convention.name(), info.job);
+    // `detect` keeps the job id short; the cut (on a character boundary) is a last guard.
+    let mut end = t.len().min(wire::MAX_TOKEN);
+    while !t.is_char_boundary(end) {
+        end -= 1;
+    }
+    t.truncate(end);
+    t
 }
 
 /// Exchanges `blob` with every rank of `info`'s job: rank 0 listens on the
