@@ -25,6 +25,8 @@ pub struct BenchArgs {
     pub hosts: Vec<String>,
     /// quick / default / full for multi-host runs.
     pub mode: String,
+    /// Run inside the soft-RoCE VM over the native verbs backend.
+    pub vm: bool,
 }
 
 pub fn parse(args: &[String]) -> Result<BenchArgs, String> {
@@ -64,6 +66,7 @@ pub fn parse(args: &[String]) -> Result<BenchArgs, String> {
                     );
                 }
             }
+            "--vm" => out.vm = true,
             "--quick" => {
                 out.mode = "quick".into();
                 out.passthrough.push(a.clone());
@@ -74,6 +77,9 @@ pub fn parse(args: &[String]) -> Result<BenchArgs, String> {
             }
             _ => out.passthrough.push(a.clone()),
         }
+    }
+    if out.vm && (out.netns.is_some() || !out.hosts.is_empty()) {
+        return Err("bench: --vm runs inside one VM; it excludes --netns and --hosts".into());
     }
     if out.netns.is_some() && !out.hosts.is_empty() {
         return Err("bench: --netns and --hosts exclude each other".into());
@@ -265,8 +271,21 @@ fn hosts(a: &BenchArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// The mode of a `--vm` run: quick or full when asked, else the smoke run
+/// (software emulation moves ~20 MB/s, so the default mode would take an
+/// hour).
+pub fn vm_mode(a: &BenchArgs) -> &str {
+    match a.mode.as_str() {
+        "quick" | "full" => &a.mode,
+        _ => "smoke",
+    }
+}
+
 pub fn run(args: &[String]) -> Result<(), String> {
     let a = parse(args)?;
+    if a.vm {
+        return crate::bench_vm::run(vm_mode(&a));
+    }
     deps::ensure(&deps::RUNTIME)?;
     if let Some(n) = a.netns {
         return netns(&a, n);
@@ -293,6 +312,15 @@ mod tests {
 
     fn s(v: &[&str]) -> Vec<String> {
         v.iter().map(|x| x.to_string()).collect()
+    }
+
+    #[test]
+    fn vm_runs_the_smoke_mode_unless_asked() {
+        let a = parse(&s(&["--vm"]));
+        assert_eq!(a.as_ref().map(|a| (a.vm, vm_mode(a))), Ok((true, "smoke")));
+        let a = parse(&s(&["--vm", "--quick"]));
+        assert_eq!(a.as_ref().map(vm_mode), Ok("quick"));
+        assert!(parse(&s(&["--vm", "--netns", "2"])).is_err());
     }
 
     #[test]

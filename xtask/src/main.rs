@@ -5,6 +5,7 @@
 
 mod bench;
 mod bench_rpc;
+mod bench_vm;
 mod deps;
 mod netns;
 mod slurm;
@@ -29,6 +30,8 @@ commands:
     --netns N [--link-rate 1gbit] [--link-delay 1ms]
                       N network-namespace hosts on this machine (root)
     --hosts h1,h2,... real hosts over ssh; h1 drives, the others serve
+    --vm [--quick]    over the native verbs backend inside the soft-RoCE VM,
+                      next to perftest (smoke mode unless --quick / --full)
   bench rpc [--stages 4] [--arms hub,direct,engine] [--repeats 3] [--rate 200mbit]
             [--delay 2ms] [--delay-mode auto|netem|proxy] [--groups 1,3] [--streams 32]
             [--tokens 32] [--quick] [--model-size small|medium] [--prompt-len 8]

@@ -1,6 +1,6 @@
 //! `cargo xtask test`: what CI runs.
 
-use crate::{deps, step};
+use crate::{bench_vm, deps, step};
 
 /// Features every workspace build of the tests enables. Not `--all-features`:
 /// optional native builds (transfer-rpc's ggml) run as their own step.
@@ -127,6 +127,11 @@ fn rpc_against_llama_cpp() -> Result<(), String> {
 /// qemu VM booting Debian's kernel with rdma_rxe (this kernel has no RDMA).
 pub fn verbs_vm() -> Result<(), String> {
     deps::ensure(&deps::VERBS_VM)?;
+    deps::ensure(&bench_vm::PERFTEST)?;
+    // The bench's smoke run goes into the same VM boot, next to perftest.
+    // A release build (as `cargo xtask bench`'s): under emulation the debug
+    // build's run took ~120 s of VM time, the release one ~45 s.
+    let bench = bench_vm::build_bench(true)?;
     let mut cmd = std::process::Command::new("crates/transfer-verbs/vm/run.sh");
     // Under TCG on a busy 2-core machine the whole VM run took 91-145 s
     // here; the script's default 280 s limit leaves too little margin for
@@ -148,13 +153,16 @@ pub fn verbs_vm() -> Result<(), String> {
         "--build",
         "--build-test",
         "-p transfer-rpc --features engine --test engine_link",
-        "--",
+    ]);
+    cmd.args(bench_vm::vm_bins(&bench)?);
+    cmd.arg("--").arg(format!(
         "conformance && verbs_device && verbs_device --ignored --exact drop_releases_every_kernel_object \
          && TRANSFER_RPC_TEST_ENGINE=ibverbs engine_link steps_land pipelined refusals lanes_unique \
-         free_buffer session_end dead_destination",
-    ]);
+         free_buffer session_end dead_destination && {}",
+        bench_vm::vm_command("smoke")
+    ));
     step::run(
-        "transfer-verbs conformance and the transfer-rpc engine link over soft-RoCE (qemu VM)",
+        "transfer-verbs conformance, the transfer-rpc engine link and the bench's smoke run over soft-RoCE (qemu VM)",
         &mut cmd,
     )
 }

@@ -9,6 +9,7 @@
 //! trip), next to the engine's write completion (a write and its ack) or
 //! round trip. Its bandwidth is `BW average` (perftest's MB is 2^20 bytes).
 
+use std::collections::HashMap;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -18,7 +19,7 @@ use crate::results::{Figure, Metric, Row};
 use transfer::BackendFamily;
 
 /// The perftest programs used.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Test {
     /// RDMA write ping-pong latency.
     WriteLat,
@@ -70,7 +71,14 @@ pub fn parse_lat(output: &str) -> Option<Lat> {
     // header token's index is its value's index.
     let at = |name: &str| header.iter().position(|h| h.starts_with(name));
     let typical_us = *values.get(at("t_typical")?)?;
-    let p99_us = at("99%").and_then(|i| values.get(i).copied());
+    // perftest converts cycles with the CPU frequency it estimated; where
+    // it cannot (emulated CPUs) it prints `inf`, which is no figure.
+    if !typical_us.is_finite() {
+        return None;
+    }
+    let p99_us = at("99%")
+        .and_then(|i| values.get(i).copied())
+        .filter(|v| v.is_finite());
     Some(Lat { typical_us, p99_us })
 }
 
@@ -80,7 +88,7 @@ pub fn parse_bw(output: &str) -> Option<f64> {
     let (header, values) = result_line(output, "average[MB/sec]")?;
     // "BW peak[MB/sec]" and "BW average[MB/sec]" are two tokens each.
     let average = header.iter().position(|h| h.starts_with("average"))? - 2;
-    Some(values.get(average)? * 1_048_576.0)
+    Some(values.get(average)? * 1_048_576.0).filter(|v| v.is_finite())
 }
 
 /// Runs `test` between a server and a client process on this machine and
@@ -158,13 +166,13 @@ fn free_port() -> Option<u16> {
     )
 }
 
-/// The perftest figure for one engine row, or why there is none.
-fn measure(
-    row: &Row,
-    device: Option<&str>,
-    plan: &Plan,
-) -> Option<Result<(String, Figure), String>> {
-    let (test, size, iters) = match row.sweep.as_str() {
+/// One perftest measurement: program, message size, iterations.
+type Key = (Test, u64, usize);
+
+/// Which perftest measurement an engine row is compared with (`None`: no
+/// perftest equivalent).
+fn key_of(row: &Row, plan: &Plan) -> Option<Key> {
+    Some(match row.sweep.as_str() {
         "write_bw" => (Test::WriteBw, row.size, plan.bw_count(row.size)),
         "write_lat" => (Test::WriteLat, row.size.max(1), plan.lat_iters),
         // perftest writes at least one byte; the engine's ping-pong is an
@@ -172,35 +180,49 @@ fn measure(
         "imm_pingpong" => (Test::WriteLat, 1, plan.pingpong_iters),
         "send_recv" => (Test::SendLat, row.size.max(1), plan.pingpong_iters),
         _ => return None,
+    })
+}
+
+/// Attempts per measurement: under emulation perftest sometimes misreads
+/// the CPU frequency and prints `inf` (seen in the soft-RoCE VM).
+const ATTEMPTS: usize = 3;
+
+/// Runs one measurement and names its figure.
+fn measure((test, size, iters): Key, device: Option<&str>) -> Result<(String, Figure), String> {
+    let mut last = String::new();
+    for _ in 0..ATTEMPTS {
+        let port = free_port().ok_or("no free port for perftest")?;
+        match run(test, device, size, iters, port).and_then(|out| figure(test, &out)) {
+            Ok(f) => return Ok(f),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+/// The figure of one perftest output, named for the report.
+fn figure(test: Test, out: &str) -> Result<(String, Figure), String> {
+    let parsed = match test {
+        Test::WriteBw => parse_bw(out).map(|bps| {
+            (
+                format!("{} BW average", test.program()),
+                Figure {
+                    value: bps,
+                    latency: None,
+                },
+            )
+        }),
+        Test::WriteLat | Test::SendLat => parse_lat(out).map(|l| {
+            (
+                format!("{} RTT (2 x t_typical)", test.program()),
+                Figure {
+                    value: 2.0 * l.typical_us,
+                    latency: None,
+                },
+            )
+        }),
     };
-    let port = match free_port() {
-        Some(p) => p,
-        None => return Some(Err("no free port for perftest".into())),
-    };
-    let result = run(test, device, size, iters, port).and_then(|out| {
-        let parsed = match test {
-            Test::WriteBw => parse_bw(&out).map(|bps| {
-                (
-                    format!("{} BW average", test.program()),
-                    Figure {
-                        value: bps,
-                        latency: None,
-                    },
-                )
-            }),
-            Test::WriteLat | Test::SendLat => parse_lat(&out).map(|l| {
-                (
-                    format!("{} RTT (2 x t_typical)", test.program()),
-                    Figure {
-                        value: 2.0 * l.typical_us,
-                        latency: None,
-                    },
-                )
-            }),
-        };
-        parsed.ok_or_else(|| format!("{} output not understood: {out}", test.program()))
-    });
-    Some(result)
+    parsed.ok_or_else(|| format!("{} output not understood: {out}", test.program()))
 }
 
 /// The engine rows with a perftest companion row after each that has one
@@ -218,8 +240,16 @@ pub fn with_baselines(opts: &BackendOpts, plan: &Plan, rows: Vec<Row>) -> (Vec<R
     });
     let mut out = Vec::with_capacity(rows.len() * 2);
     let mut notes = Vec::new();
+    // Rows of different sweeps (queue-driven and caller-driven) share
+    // measurements: each runs once.
+    let mut measured: HashMap<Key, Result<(String, Figure), String>> = HashMap::new();
     for row in rows {
-        let companion = measure(&row, device.as_deref(), plan);
+        let companion = key_of(&row, plan).map(|key| {
+            measured
+                .entry(key)
+                .or_insert_with(|| measure(key, device.as_deref()))
+                .clone()
+        });
         let label = format!("{} | perftest", row.label);
         let engine = Row::new(&row.sweep, label, row.size, row.metric, row.engine.clone());
         let verified = row.verified;
@@ -235,7 +265,12 @@ pub fn with_baselines(opts: &BackendOpts, plan: &Plan, rows: Vec<Row>) -> (Vec<R
                 }
                 out.push(r);
             }
-            Some(Err(e)) => notes.push(format!("perftest baseline unavailable: {e}")),
+            Some(Err(e)) => {
+                let note = format!("perftest baseline unavailable: {e}");
+                if !notes.contains(&note) {
+                    notes.push(note);
+                }
+            }
             None => {}
         }
     }
@@ -271,6 +306,8 @@ mod tests {
             Some((13.12, Some(37.81)))
         );
         assert_eq!(parse_lat("garbage"), None);
+        let inf = LAT.replace("13.12", "inf");
+        assert_eq!(parse_lat(&inf), None, "an emulated CPU's inf is no figure");
         assert_eq!(parse_lat(" #bytes t_typical[usec]\n---\n"), None);
     }
 
