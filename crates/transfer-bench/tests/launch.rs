@@ -149,3 +149,42 @@ fn two_ranks_quick_mode() {
     check(&stdout, &out);
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// A rank whose rank 0 never comes up fails within its rendezvous deadline
+/// and says what it waited for; a world of one is refused up front.
+#[test]
+fn lonely_ranks_fail_clearly() {
+    if !tcp_available() {
+        return;
+    }
+    let port = free_port().to_string();
+    let run = |rank: &str, world: &str| {
+        let start = Instant::now();
+        let c = Command::new(BENCH)
+            .args(["launch", "--mode", "smoke", "--provider", "tcp"])
+            .args(["--rendezvous-timeout", "2"])
+            .env("TRANSFER_RANK", rank)
+            .env("TRANSFER_WORLD_SIZE", world)
+            .env("TRANSFER_RENDEZVOUS", format!("127.0.0.1:{port}"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = wait(Guard(Some(c)), start + Duration::from_secs(60), "rank");
+        assert!(!out.status.success());
+        (
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+            start.elapsed(),
+        )
+    };
+    let (err, took) = run("1", "2");
+    assert!(err.contains("connect to rank 0"), "{err}");
+    assert!(took < Duration::from_secs(30), "{took:?}");
+    let (err, _) = run("0", "2");
+    assert!(err.contains("missing ranks [1]"), "{err}");
+    let (err, _) = run("0", "1");
+    assert!(
+        err.contains("needs a driver and at least one server"),
+        "{err}"
+    );
+}
