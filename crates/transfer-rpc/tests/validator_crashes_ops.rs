@@ -1475,19 +1475,12 @@ fn solvers_and_window_ops_refuse_what_ggml_cpu_cannot_take() {
             &[],
         )
     });
-    // DIAG_MASK_ZERO / _INF of rows of 0 rows: `ggml_nrows / ne1` is 0 / 0
-    // (SIGFPE).
-    for op in [OP_DIAG_MASK_ZERO, OP_DIAG_MASK_INF] {
-        refused(&h, "diag_mask of 0 rows", |b, base| {
-            let a = packed(1, F32, [4, 0, 2, 1], b, base, 0);
-            over(
-                op,
-                vec![Some(a)],
-                packed(2, F32, [4, 0, 2, 1], b, base, 1024),
-                &[],
-            )
-        });
-    }
+    // DIAG_MASK_ZERO of F16 (GGML_ABORT in the type switch).
+    refused(&h, "diag_mask_zero of F16", |b, base| {
+        let a = packed(1, F16, [4, 4, 2, 1], b, base, 0);
+        let r = packed(2, F16, [4, 4, 2, 1], b, base, 1024);
+        over(OP_DIAG_MASK_ZERO, vec![Some(a)], r, &[])
+    });
     // WIN_PART: 12 windows of 4 x 4 (npx 4, npy 3 of a 13 x 11 image) into
     // a result of one window at the buffer's end; w = -4 (the second row of
     // windows reads 4 rows before the image, at the buffer's start).
@@ -1654,29 +1647,30 @@ fn backward_and_optimizer_ops_refuse_what_ggml_cpu_cannot_take() {
             &[],
         )
     });
-    // SOFT_MAX_BACK: F16 y at the buffer's end (rows of 64 floats read
-    // 128 bytes apart: the last one 128 bytes past it); max_bias 1
-    // (GGML_ASSERT).
-    refused(&h, "soft_max_back of F16 y", |b, base| {
-        let dy = packed(1, F32, [64, 4, 1, 1], b, base, 0);
-        let y = at_end(2, F16, [64, 4, 1, 1], b, base);
-        over(
-            OP_SOFT_MAX_BACK,
-            vec![Some(dy), Some(y)],
-            packed(3, F32, [64, 4, 1, 1], b, base, 2048),
-            &[],
-        )
-    });
-    refused(&h, "soft_max_back max_bias 1", |b, base| {
+    // SOFT_MAX_BACK (F16 y or max_bias != 0 already fail ggml-cpu's
+    // supports_op): an F16 result at the buffer's end (rows of 64 floats
+    // written 128 bytes apart: the last one 128 bytes past it); y of one
+    // row in 4 planes, `ggml_is_contiguous` but with nb1 = 1024 (rows read
+    // at `i1 * nb1`: 2 KiB past its 1 KiB at the buffer's end).
+    refused(&h, "soft_max_back into F16", |b, base| {
         let dy = packed(1, F32, [64, 4, 1, 1], b, base, 0);
         let y = packed(2, F32, [64, 4, 1, 1], b, base, 1024);
-        let r = packed(3, F32, [64, 4, 1, 1], b, base, 2048);
-        over(
-            OP_SOFT_MAX_BACK,
-            vec![Some(dy), Some(y)],
-            r,
-            &[(1, 1.0f32.to_bits() as i32)],
-        )
+        let r = at_end(3, F16, [64, 4, 1, 1], b, base);
+        over(OP_SOFT_MAX_BACK, vec![Some(dy), Some(y)], r, &[])
+    });
+    refused(&h, "soft_max_back of rows walked by nb1", |b, base| {
+        let dy = packed(1, F32, [64, 1, 4, 1], b, base, 0);
+        let y = tensor(
+            2,
+            F32,
+            [64, 1, 4, 1],
+            [4, 1024, 256, 1024],
+            b,
+            base,
+            BUF - 1024,
+        );
+        let r = packed(3, F32, [64, 1, 4, 1], b, base, 2048);
+        over(OP_SOFT_MAX_BACK, vec![Some(dy), Some(y)], r, &[])
     });
     // ROPE_BACK of mode 5 (GGML_ABORT "rope type not supported").
     refused(&h, "rope_back mode 5", |b, base| {
@@ -1690,14 +1684,13 @@ fn backward_and_optimizer_ops_refuse_what_ggml_cpu_cannot_take() {
             &[(1, 64), (2, 5)],
         )
     });
-    // REPEAT_BACK into an empty result from an empty source
-    // (ggml_can_repeat holds; `ne00 / ne0` is 0 / 0: SIGFPE).
-    refused(&h, "repeat_back into an empty result", |b, base| {
-        let a = packed(1, F32, [0, 4, 1, 1], b, base, 0);
+    // REPEAT_BACK of 4 columns into 3 (GGML_ASSERT(ggml_can_repeat)).
+    refused(&h, "repeat_back of 4 columns into 3", |b, base| {
+        let a = packed(1, F32, [4, 2, 1, 1], b, base, 0);
         over(
             OP_REPEAT_BACK,
             vec![Some(a)],
-            packed(2, F32, [0, 2, 1, 1], b, base, 1024),
+            packed(2, F32, [3, 2, 1, 1], b, base, 1024),
             &[],
         )
     });

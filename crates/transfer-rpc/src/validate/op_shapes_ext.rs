@@ -361,8 +361,7 @@ fn check_l2_norm(r: &RpcTensor, a: &RpcTensor) -> Result<()> {
 /// DIAG_MASK_INF (and DIAG_MASK_ZERO, the same kernel): `_diag_mask_f32`.
 /// Not in place, dst = copy of src0 (GGML_ASSERT same element count, both
 /// contiguous); then -inf written at `k * nb2 + j * nb1 + i * nb0` for k <
-/// ne2 * ne3: dims 2 and 3 are walked as one run of nb2 steps, counted as
-/// `ggml_nrows / ne1` (SIGFPE when ne1 is 0).
+/// ne2 * ne3: dims 2 and 3 are walked as one run of nb2 steps.
 pub(super) fn check_diag_mask_inf(r: &RpcTensor, a: &RpcTensor) -> Result<()> {
     let op = r.op;
     let in_place = r.buffer == a.buffer && r.data == a.data;
@@ -372,7 +371,6 @@ pub(super) fn check_diag_mask_inf(r: &RpcTensor, a: &RpcTensor) -> Result<()> {
     if a.ty != GGML_TYPE_F32
         || r.ty != GGML_TYPE_F32
         || r.ne != a.ne
-        || a.ne[1] == 0
         || r.nb[0] != 4
         || a.nb[0] != 4
         || !walk_ok(r)
