@@ -2312,6 +2312,24 @@ fn misc_op_cases(v: &mut Vec<Spec>) {
             },
         ));
     }
+    // COL2IM_1D (a vocoder's transposed convolution): F32, F16, BF16
+    // columns, strides 1 to 4, crops 0 to 2.
+    for (ty, k, oc, t_in, st, pad) in [
+        (F32, 4i64, 3i64, 10i64, 2, 1),
+        (F32, 3, 1, 7, 1, 0),
+        (F16, 8, 2, 5, 4, 2),
+        (sys::GGML_TYPE_BF16, 5, 4, 6, 3, 1),
+    ] {
+        v.push(spec(
+            format!("col2im_1d {ty} K {k} OC {oc} T {t_in} s {st} p {pad}"),
+            1e-6,
+            move |c| {
+                let a = c.input(ty, [k * oc, t_in, 1, 1]);
+                // SAFETY: live context and tensor.
+                unsafe { sys::ggml_col2im_1d(c.ctx, a, st, oc as i32, pad) }
+            },
+        ));
+    }
     // OUT_PROD of quantized src0 (test_out_prod's quantized types).
     for (at, m, bs) in [
         (sys::GGML_TYPE_Q8_0, 64i64, [1i64, 1i64]),
@@ -2428,6 +2446,79 @@ fn train_op_cases(v: &mut Vec<Spec>) {
                 unsafe { sys::ggml_cross_entropy_loss_back(c.ctx, grad, logits, labels) }
             },
         ));
+    }
+    // IM2COL_BACK: the gradient of im2col's output back to the image, 2D
+    // (strides 1 and 2, pad, dilation) and 1D; F32 and F16 kernels.
+    type Im2colBack = (bool, sys::ggml_type, [i64; 4], [i64; 2], i32, i32, i32);
+    let im2col_back: [Im2colBack; 4] = [
+        (true, F32, [10, 10, 3, 2], [3, 3], 1, 1, 1),
+        (true, F16, [10, 9, 2, 1], [3, 2], 2, 0, 1),
+        (true, F32, [12, 12, 2, 1], [3, 3], 1, 2, 2),
+        (false, F32, [20, 4, 2, 1], [3, 1], 1, 1, 1),
+    ];
+    for (is_2d, kt, img, kern, st, pad, dil) in im2col_back {
+        v.push(spec(
+            format!(
+                "im2col_back 2D {is_2d} kernel {kt} image {img:?} k {kern:?} s {st} p {pad} d {dil}"
+            ),
+            1e-6,
+            move |c| {
+                let out = |n: i64, k: i64| {
+                    (n + 2 * i64::from(pad) - i64::from(dil) * (k - 1) - 1) / i64::from(st) + 1
+                };
+                let (grad_ne, k_ne) = if is_2d {
+                    let (ow, oh) = (out(img[0], kern[0]), out(img[1], kern[1]));
+                    (
+                        [img[2] * kern[0] * kern[1], ow, oh, img[3]],
+                        [kern[0], kern[1], img[2], 1],
+                    )
+                } else {
+                    let ow = out(img[0], kern[0]);
+                    ([img[1] * kern[0], ow, img[2], 1], [kern[0], img[1], 1, 1])
+                };
+                let g = c.input(F32, grad_ne);
+                let k = c.input(kt, k_ne);
+                let mut ne = img;
+                // SAFETY: live context and tensors; `ne` outlives the call.
+                unsafe {
+                    sys::ggml_im2col_back(
+                        c.ctx,
+                        g,
+                        k,
+                        ne.as_mut_ptr(),
+                        st,
+                        st,
+                        pad,
+                        pad,
+                        dil,
+                        dil,
+                        is_2d,
+                    )
+                }
+            },
+        ));
+    }
+    // POOL_2D_BACK: both pool types over the forward input [10, 10, 3, 2].
+    for op in [sys::GGML_OP_POOL_MAX, sys::GGML_OP_POOL_AVG] {
+        for (k0, k1, s0, s1, p0, p1) in [(3, 3, 1, 1, 0, 0), (3, 1, 2, 1, 1, 0), (2, 2, 2, 2, 1, 1)]
+        {
+            v.push(spec(
+                format!("pool_2d_back op {op} k {k0}x{k1} s {s0}x{s1} p {p0}x{p1}"),
+                1e-6,
+                move |c| {
+                    let af = c.input(F32, [10, 10, 3, 2]);
+                    let ow = (10 + 2 * p0 - k0) / s0 + 1;
+                    let oh = (10 + 2 * p1 - k1) / s1 + 1;
+                    let g = c.input(F32, [i64::from(ow), i64::from(oh), 3, 2]);
+                    // SAFETY: live context and tensors.
+                    unsafe {
+                        sys::ggml_pool_2d_back(
+                            c.ctx, g, af, op, k0, k1, s0, s1, p0 as f32, p1 as f32,
+                        )
+                    }
+                },
+            ));
+        }
     }
     for ne in [[10i64, 5, 4, 3], [64, 1, 1, 1]] {
         v.push(spec(format!("opt_step_adamw {ne:?}"), 1e-6, move |c| {

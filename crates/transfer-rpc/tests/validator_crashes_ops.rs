@@ -1390,6 +1390,9 @@ const OP_RMS_NORM_BACK: u32 = 26;
 const OP_DIAG: u32 = 43;
 const OP_DIAG_MASK_ZERO: u32 = 45;
 const OP_SOFT_MAX_BACK: u32 = 47;
+const OP_IM2COL_BACK: u32 = 53;
+const OP_COL2IM_1D: u32 = 55;
+const OP_POOL_2D_BACK: u32 = 62;
 const OP_ROPE_BACK: u32 = 49;
 const OP_WIN_PART: u32 = 78;
 const OP_WIN_UNPART: u32 = 79;
@@ -1780,4 +1783,63 @@ fn backward_and_optimizer_ops_refuse_what_ggml_cpu_cannot_take() {
         "opt_step_sgd",
         &over(OP_OPT_STEP_SGD, vec![Some(w), Some(gr), Some(p)], r, &[]),
     );
+}
+
+#[test]
+fn col2im_and_backward_vision_ops_refuse_what_ggml_cpu_cannot_take() {
+    let h = start_ggml();
+    // COL2IM_1D of OC 0 (`K_OC / OC`: SIGFPE) and of stride 0 (`/ s0`).
+    let col2im = |params: &[(usize, i32)], b: u64, base: u64| {
+        let a = packed(1, F32, [12, 10, 1, 1], b, base, 0);
+        let r = packed(2, F32, [20, 3, 1, 1], b, base, 1024);
+        over(OP_COL2IM_1D, vec![Some(a)], r, params)
+    };
+    refused(&h, "col2im_1d of OC 0", |b, base| {
+        col2im(&[(0, 2), (1, 0), (2, 1)], b, base)
+    });
+    refused(&h, "col2im_1d of stride 0", |b, base| {
+        col2im(&[(0, 0), (1, 3), (2, 1)], b, base)
+    });
+    // IM2COL_BACK: stride 0 (`% s0`: SIGFPE); a gradient of one image of
+    // two (at the buffer's end: the second image's columns read past it).
+    let im2col_back = |g: RpcTensor, s: i32, b: u64, base: u64| {
+        let k = packed(2, F32, [3, 3, 3, 1], b, base, 0);
+        let r = packed(3, F32, [10, 10, 3, 2], b, base, 1024);
+        let p = [(0, s), (1, s), (2, 1), (3, 1), (4, 1), (5, 1), (6, 1)];
+        over(OP_IM2COL_BACK, vec![Some(g), Some(k)], r, &p)
+    };
+    refused(&h, "im2col_back of stride 0", |b, base| {
+        im2col_back(packed(1, F32, [27, 10, 10, 2], b, base, 8192), 0, b, base)
+    });
+    refused(&h, "im2col_back of one image's gradient", |b, base| {
+        im2col_back(at_end(1, F32, [27, 10, 10, 1], b, base), 1, b, base)
+    });
+    // POOL_2D_BACK: a gradient of one plane of three (at the buffer's end,
+    // read plane by plane past it); an F16 forward input (read with the F32
+    // result's strides, past its end).
+    let pool_back = |g: RpcTensor, f: RpcTensor, b: u64, base: u64| {
+        let r = packed(3, F32, [10, 10, 3, 1], b, base, 0);
+        let p = [(0, 0), (1, 1), (2, 1), (3, 1), (4, 1), (5, 0), (6, 0)];
+        over(OP_POOL_2D_BACK, vec![Some(g), Some(f)], r, &p)
+    };
+    refused(&h, "pool_2d_back of one gradient plane", |b, base| {
+        let f = packed(2, F32, [10, 10, 3, 1], b, base, 4096);
+        pool_back(at_end(1, F32, [10, 10, 1, 1], b, base), f, b, base)
+    });
+    refused(&h, "pool_2d_back of an F16 forward input", |b, base| {
+        let g = packed(1, F32, [10, 10, 3, 1], b, base, 4096);
+        pool_back(g, at_end(2, F16, [10, 10, 3, 1], b, base), b, base)
+    });
+    // The valid forms compute.
+    let (mut c, b, base) = session(&h);
+    computes(
+        &mut c,
+        "col2im_1d",
+        &col2im(&[(0, 2), (1, 3), (2, 1)], b, base),
+    );
+    let g = at_end(1, F32, [27, 10, 10, 2], b, base);
+    computes(&mut c, "im2col_back", &im2col_back(g, 1, b, base));
+    let f = packed(2, F32, [10, 10, 3, 1], b, base, 4096);
+    let g = at_end(1, F32, [10, 10, 3, 1], b, base);
+    computes(&mut c, "pool_2d_back", &pool_back(g, f, b, base));
 }

@@ -1,8 +1,9 @@
 //! Op rules for the inference ops of issue 11's last part that no earlier
 //! module serves: the linear-attention solvers SOLVE_TRI and
-//! GATED_DELTA_NET, DIAG, DIAG_MASK_ZERO, the SAM window ops WIN_PART,
-//! WIN_UNPART, GET_REL_POS, ADD_REL_POS, DeepSeek-V4's hyper-connection
-//! ops DSV4_HC_COMB / _PRE / _POST and LIGHTNING_INDEXER. As in
+//! GATED_DELTA_NET, DIAG, DIAG_MASK_ZERO, COL2IM_1D, the SAM window ops
+//! WIN_PART, WIN_UNPART, GET_REL_POS, ADD_REL_POS, DeepSeek-V4's
+//! hyper-connection ops DSV4_HC_COMB / _PRE / _POST and LIGHTNING_INDEXER.
+//! As in
 //! `op_shapes.rs`, each rule is what the op's ggml-cpu kernel (ops.cpp of
 //! the vendored llama.cpp) asserts, aborts on, or needs to stay inside its
 //! tensors; most of these kernels read or write some tensor flat from its
@@ -20,6 +21,7 @@ const GGML_TYPE_BF16: u32 = 30;
 /// `GGML_OP_*` of the ops checked here.
 pub(super) const OP_DIAG: u32 = 43;
 pub(super) const OP_DIAG_MASK_ZERO: u32 = 45;
+pub(super) const OP_COL2IM_1D: u32 = 55;
 pub(super) const OP_WIN_PART: u32 = 78;
 pub(super) const OP_WIN_UNPART: u32 = 79;
 pub(super) const OP_GET_REL_POS: u32 = 80;
@@ -81,6 +83,10 @@ pub(super) fn check(r: &RpcTensor, s: &[Option<&RpcTensor>; MAX_SRC]) -> Option<
             _ => refuse(op, "needs three sources"),
         },
         OP_DSV4_HC_COMB | OP_DSV4_HC_PRE | OP_DSV4_HC_POST => check_dsv4_hc(r, s),
+        OP_COL2IM_1D => match s[0] {
+            Some(a) => check_col2im_1d(r, a),
+            None => refuse(op, "missing source 0"),
+        },
         OP_LIGHTNING_INDEXER => check_lightning_indexer(r, s),
         _ => return super::op_shapes_train::check(r, s),
     };
@@ -192,6 +198,41 @@ fn check_diag(r: &RpcTensor, a: &RpcTensor) -> Result<()> {
         || a.ne[2..] != r.ne[2..]
     {
         return refuse(r.op, format!("diag of {:?} into {:?}", a.ne, r.ne));
+    }
+    Ok(())
+}
+
+/// COL2IM_1D: `ggml_compute_forward_col2im_1d_impl` by the source's type
+/// (F32, F16, BF16; GGML_ABORT otherwise), dst read and written as that
+/// type. GGML_ASSERT: both contiguous. op_params [s0, OC, p0]: `K_OC /
+/// OC` and `/ s0` (SIGFPE on 0). It reads columns flat at `oc * K + k +
+/// t_in * K_OC` (k < K, t_in < T_in) and writes dst flat at `t_out + oc *
+/// T_out` for oc < OC, t_out < dst ne0: ggml_col2im_1d's shapes (a matrix
+/// [K * OC, T_in], K >= 1, s0 >= 1, p0 >= 0, dst [(T_in - 1) * s0 + K - 2 *
+/// p0, OC] of its type).
+fn check_col2im_1d(r: &RpcTensor, a: &RpcTensor) -> Result<()> {
+    let p = &r.op_params;
+    let (s0, oc, p0) = (i64::from(p[0]), i64::from(p[1]), i64::from(p[2]));
+    let k = if oc >= 1 { ne(a, 0) / oc } else { 0 };
+    let t_out = (ne(a, 1) - 1) * s0 + k - 2 * p0;
+    if !matches!(a.ty, GGML_TYPE_F32 | GGML_TYPE_F16 | GGML_TYPE_BF16)
+        || r.ty != a.ty
+        || !is_contiguous(a)
+        || !is_contiguous(r)
+        || a.ne[2] != 1
+        || a.ne[3] != 1
+        || s0 < 1
+        || oc < 1
+        || p0 < 0
+        || k < 1
+        || k * oc != ne(a, 0)
+        || t_out < 1
+        || [ne(r, 0), ne(r, 1), ne(r, 2), ne(r, 3)] != [t_out, oc, 1, 1]
+    {
+        return refuse(
+            r.op,
+            format!("col2im_1d {:?} of {:?} into {:?}", &p[..3], a.ne, r.ne),
+        );
     }
     Ok(())
 }

@@ -2,17 +2,18 @@
 //! (what ggml's training graphs and test-backend-ops' gradient checks
 //! send): SILU_BACK, RMS_NORM_BACK, SOFT_MAX_BACK, REPEAT_BACK,
 //! CROSS_ENTROPY_LOSS, CROSS_ENTROPY_LOSS_BACK, OPT_STEP_ADAMW and
-//! OPT_STEP_SGD (ROPE_BACK runs ROPE's kernel and takes ROPE's rule in
-//! `op_shapes.rs`). As in `op_shapes.rs`, each rule is what the op's
+//! OPT_STEP_SGD, IM2COL_BACK, POOL_2D_BACK (ROPE_BACK runs ROPE's kernel
+//! and takes ROPE's rule in `op_shapes.rs`). As in `op_shapes.rs`, each rule is what the op's
 //! ggml-cpu kernel (ops.cpp of the vendored llama.cpp) asserts, aborts on,
 //! or needs to stay inside its tensors. The optimizer steps write into
 //! their sources (the weights and the moments), not into their result.
 
 use super::op_shapes::{
     can_repeat, f32_param, flat_rows, flat_walk, is_contiguous, nelements, refuse, rows_contiguous,
-    same_type_flat_map,
+    same_type_flat_map, type_size,
 };
-use super::types::GGML_TYPE_F32;
+use super::op_shapes_vision::{POOL_AVG, POOL_MAX, pool_output};
+use super::types::{GGML_TYPE_F16, GGML_TYPE_F32};
 use crate::error::Result;
 use crate::protocol::tensor::{MAX_SRC, RpcTensor};
 
@@ -21,6 +22,8 @@ pub(super) const OP_REPEAT_BACK: u32 = 21;
 pub(super) const OP_SILU_BACK: u32 = 23;
 pub(super) const OP_RMS_NORM_BACK: u32 = 26;
 pub(super) const OP_SOFT_MAX_BACK: u32 = 47;
+pub(super) const OP_IM2COL_BACK: u32 = 53;
+pub(super) const OP_POOL_2D_BACK: u32 = 62;
 pub(super) const OP_CROSS_ENTROPY_LOSS: u32 = 96;
 pub(super) const OP_CROSS_ENTROPY_LOSS_BACK: u32 = 97;
 pub(super) const OP_OPT_STEP_ADAMW: u32 = 98;
@@ -57,6 +60,11 @@ pub(super) fn check(r: &RpcTensor, s: &[Option<&RpcTensor>; MAX_SRC]) -> Option<
             _ => refuse(op, "needs three sources"),
         },
         OP_OPT_STEP_ADAMW | OP_OPT_STEP_SGD => check_opt_step(r, s),
+        OP_IM2COL_BACK | OP_POOL_2D_BACK => match (s[0], s[1]) {
+            (Some(a), Some(b)) if op == OP_IM2COL_BACK => check_im2col_back(r, a, b),
+            (Some(a), Some(b)) => check_pool_2d_back(r, a, b),
+            _ => refuse(op, "needs two sources"),
+        },
         _ => return None,
     };
     Some(checked)
@@ -236,6 +244,100 @@ fn check_opt_step(r: &RpcTensor, s: &[Option<&RpcTensor>; MAX_SRC]) -> Result<()
                 "optimizer step of {:?} (parameters {:?}) needs F32 moments of its layout",
                 w.ne, params.ne
             ),
+        );
+    }
+    Ok(())
+}
+
+/// IM2COL_BACK (grad, kernel): `ggml_compute_forward_im2col_back_f32`.
+/// GGML_ASSERT: grad and dst F32, kernel F32 or F16 (its shape only), nb0
+/// = 4. op_params [s0, s1, p0, p1, d0, d1, is_2D]: `% s0` and `% s1`
+/// (SIGFPE on 0). The gradient is read flat at
+/// `((n * OH + oh) * OW + ow) * IC * KH * KW + (ic * KH + kh) * KW + kw`
+/// with N, IC (and IH) from dst, KH, KW from the kernel, OH, OW from the
+/// gradient: contiguous, of
+/// im2col's shape [IC * KH * KW, OW, OH, N] (1D: [IC * KW, OW, N]). dst
+/// channel `ic` of image `n` is written at `n * ofs0 + ic * ofs1` (`int
+/// ofs0 = nb3 or nb2`, `ofs1 = nb2 or nb1`), its IH rows packed.
+fn check_im2col_back(r: &RpcTensor, g: &RpcTensor, k: &RpcTensor) -> Result<()> {
+    let op = r.op;
+    let p = &r.op_params;
+    let is_2d = p[6] == 1;
+    if g.ty != GGML_TYPE_F32
+        || !is_contiguous(g)
+        || !matches!(k.ty, GGML_TYPE_F32 | GGML_TYPE_F16)
+        || r.ty != GGML_TYPE_F32
+        || r.nb[0] != 4
+        || p[0] < 1
+        || (is_2d && p[1] < 1)
+    {
+        return refuse(
+            op,
+            format!("im2col_back types/layout/strides {:?}", &p[..2]),
+        );
+    }
+    let ne = |t: &RpcTensor, d: usize| u64::from(t.ne[d]);
+    let (want, ih, ofs0, ofs1) = if is_2d {
+        let cols = ne(r, 2) * ne(k, 1) * ne(k, 0);
+        (
+            [cols, ne(g, 1), ne(g, 2), ne(r, 3)],
+            ne(r, 1),
+            r.nb[3],
+            r.nb[2],
+        )
+    } else {
+        let cols = ne(r, 1) * ne(k, 0);
+        ([cols, ne(g, 1), ne(r, 2), 1], 1, r.nb[2], r.nb[1])
+    };
+    let packed_rows = ih <= 1 || u64::from(r.nb[1]) == 4 * ne(r, 0);
+    let int_strides = i32::try_from(ofs0).is_ok() && i32::try_from(ofs1).is_ok();
+    if (0..4).any(|d| ne(g, d) != want[d])
+        || (!is_2d && r.ne[3] != 1)
+        || !packed_rows
+        || !int_strides
+    {
+        return refuse(
+            op,
+            format!(
+                "im2col_back of {:?} with kernel {:?} into {:?}",
+                g.ne, k.ne, r.ne
+            ),
+        );
+    }
+    Ok(())
+}
+
+/// POOL_2D_BACK (grad, forward input): `ggml_compute_forward_pool_2d_back`
+/// (one thread). op_params [op, k0, k1, s0, s1, p0, p1] (GGML_ASSERT on a
+/// pool type but MAX and AVG). It zeroes `ggml_nbytes(dst)` and walks dst
+/// planes by `nb[2]` while below that end (as POOL_2D: a contiguous dst
+/// of F32 or F16 with `nb[2]` its plane size, not empty), reading the
+/// forward input with dst's type and strides (so: its type and layout)
+/// and one plane of `grad ne0 * ne1` floats per dst plane, flat (a
+/// contiguous F32 gradient with dst's planes). Window positions are
+/// bounded by dst's rows and columns; the gradient is pool_2d's output of
+/// dst's shape (the window rules of POOL_2D).
+fn check_pool_2d_back(r: &RpcTensor, g: &RpcTensor, f: &RpcTensor) -> Result<()> {
+    let op = r.op;
+    let p = &r.op_params;
+    let plane = u64::from(r.ne[0]) * u64::from(r.ne[1]) * type_size(r.ty);
+    if !matches!(p[0], POOL_MAX | POOL_AVG)
+        || !matches!(r.ty, GGML_TYPE_F32 | GGML_TYPE_F16)
+        || !is_contiguous(r)
+        || nelements(r) == 0
+        || u64::from(r.nb[2]) != plane
+        || f.ty != r.ty
+        || f.ne != r.ne
+        || f.nb != r.nb
+        || g.ty != GGML_TYPE_F32
+        || !is_contiguous(g)
+        || g.ne[2..] != r.ne[2..]
+        || pool_output(r.ne[0], p[1], p[3], p[5]) != Some(i64::from(g.ne[0]))
+        || pool_output(r.ne[1], p[2], p[4], p[6]) != Some(i64::from(g.ne[1]))
+    {
+        return refuse(
+            op,
+            format!("pool_2d_back {:?} of {:?} into {:?}", &p[..7], g.ne, r.ne),
         );
     }
     Ok(())

@@ -30,8 +30,8 @@ pub(super) const OP_POOL_2D: u32 = 61;
 pub(super) const OP_UPSCALE: u32 = 63;
 
 /// `GGML_OP_POOL_MAX`, `GGML_OP_POOL_AVG` (`GGML_OP_POOL_COUNT` aborts).
-const POOL_MAX: i32 = 0;
-const POOL_AVG: i32 = 1;
+pub(super) const POOL_MAX: i32 = 0;
+pub(super) const POOL_AVG: i32 = 1;
 /// `GGML_SCALE_MODE_BICUBIC` (NEAREST 0, BILINEAR 1), the flags.
 const SCALE_MODE_BILINEAR: i32 = 1;
 const SCALE_MODE_BICUBIC: i32 = 2;
@@ -481,7 +481,7 @@ fn check_conv_transpose(r: &RpcTensor, a: &RpcTensor, b: &RpcTensor) -> Result<(
 /// `ow * s - p` in int and loop `k` times per output: with `k <= ins + 2 * p`,
 /// ggml's `ne > 0`, both stay within a few times the row); `None` when a
 /// rule fails.
-fn pool_output(ins: u32, k: i32, s: i32, p: i32) -> Option<i64> {
+pub(super) fn pool_output(ins: u32, k: i32, s: i32, p: i32) -> Option<i64> {
     let ins = i64::from(ins);
     let (k, s, p) = (i64::from(k), i64::from(s), i64::from(p));
     if k < 1 || s < 1 || p < 0 || p > ins || k > ins + 2 * p || ins > i64::from(i32::MAX) / 4 {
