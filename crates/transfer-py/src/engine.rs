@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 use std::time::Duration;
 
+use ::transfer::{Backend, BackendConfig, BackendError, BackendFamily, Domains};
 use pyo3::buffer::PyUntypedBuffer;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
@@ -13,7 +14,6 @@ use transfer_core::{
     ScatterItem, ScatterRequest, SendRequest, TransferEngine, TransferError, WriteRequest,
     WriteShape,
 };
-use transfer_efa::{Config, Library, Provider};
 
 use crate::error::{IntoPy, invalid, py_err};
 use crate::pages;
@@ -187,7 +187,8 @@ pub(crate) fn bytes_arg(what: &'static str, obj: &Bound<'_, PyAny>) -> PyResult<
 /// files (see `open`); a killed process leaves one per endpoint it had.
 const SHM_NAME_ATTEMPTS: usize = 256;
 
-/// Opens the domains `Engine(...)` asks for.
+/// Opens the domains `Engine(...)` asks for, through the `transfer`
+/// crate's [`Backend`] (the one copy of "provider name -> domains").
 fn open(
     provider: Option<&str>,
     nics: Option<usize>,
@@ -199,14 +200,18 @@ fn open(
     if nics == Some(0) {
         return Err(TransferError::invalid(CALL, "nics must be at least 1"));
     }
-    let provider = match provider {
-        Some(p) => Provider::parse(p),
-        None => transfer_efa::default_provider(&Library::load()?),
+    let mut backend = match provider {
+        Some(p) => Backend::libfabric(p),
+        // TRANSFER_PROVIDER, else EFA when present, else tcp: the libfabric
+        // half of detection (backend="auto" stays libfabric here).
+        None => Backend::from_config(BackendConfig {
+            backend: Some(BackendFamily::Libfabric.to_string()),
+            ..BackendConfig::default()
+        })?,
     };
-    let mut config = match bind {
-        Some(ip) if provider.is_ip_based() => Config::new(provider.clone()).with_node(ip),
-        _ => Config::new(provider.clone()),
-    };
+    if let Some(ip) = bind {
+        backend = backend.bind(ip);
+    }
     if let Some(t) = peer_timeout {
         let d = Duration::try_from_secs_f64(t)
             .ok()
@@ -217,51 +222,37 @@ fn open(
                     format!("peer_timeout {t} is not a positive number of seconds"),
                 )
             })?;
-        config = config.with_peer_timeout(d);
+        backend = backend.peer_timeout(d);
     }
-    let open_once = || -> CoreResult<Vec<transfer_efa::LibfabricDomain>> {
-        match &provider {
-            // Multi-NIC providers: one domain per NIC the machine has.
-            Provider::Efa | Provider::Raw(_) => {
-                let mut all = transfer_efa::open_domains(&config)?;
-                if let Some(n) = nics {
-                    all.truncate(n);
-                }
-                Ok(all)
-            }
-            // One NIC: `nics` independent endpoints on it.
-            _ => transfer_efa::open_loopback_domains(&config, nics.unwrap_or(1)),
-        }
-    };
+    if let Some(n) = nics {
+        backend = backend.nics(n);
+    }
+    let shm = backend.name() == "shm";
     let mut attempt = 0;
     let domains = loop {
-        match open_once() {
+        match backend.open_domains() {
             // shm names endpoints `<pid>-<counter>`, and its files in
             // /dev/shm outlive their process: a process that reuses the
             // PID of one that left them collides (fi_enable: EBUSY). Each
             // attempt takes the next counter value, past the stale names.
-            Err(TransferError::Backend { code, .. })
-                if code == libc::EBUSY
-                    && provider == Provider::Shm
-                    && attempt < SHM_NAME_ATTEMPTS =>
-            {
+            Err(BackendError::Open {
+                source: TransferError::Backend { code, .. },
+                ..
+            }) if code == libc::EBUSY && shm && attempt < SHM_NAME_ATTEMPTS => {
                 attempt += 1;
             }
             other => break other?,
         }
     };
-    let name = domains
-        .first()
-        .map_or_else(|| provider.to_string(), |d| d.provider_name());
-    let count = domains.len();
-    let idle = if busy_poll {
-        IdlePolicy::busy_poll()
-    } else {
-        IdlePolicy::default()
+    let name = match &domains {
+        Domains::Libfabric(nics) => nics
+            .first()
+            .map_or_else(|| backend.name(), |d| d.provider_name()),
+        Domains::Verbs(_) => backend.name(),
     };
-    let engine = TransferEngine::builder()
-        .idle_policy(idle)
-        .group(domains)
+    let count = domains.len();
+    let engine = domains
+        .add_to(TransferEngine::builder().idle_policy(idle_policy(busy_poll)))
         .build()?;
     Ok((engine, name, count))
 }
@@ -273,23 +264,27 @@ fn open_verbs(nics: Option<usize>, busy_poll: bool) -> CoreResult<(TransferEngin
     if nics == Some(0) {
         return Err(TransferError::invalid("Engine", "nics must be at least 1"));
     }
-    let cfg = transfer_verbs::VerbsConfig::from_env();
-    let count = nics.unwrap_or(1);
-    let domains = transfer_verbs::VerbsDomain::open_many(&cfg, count)?;
-    let idle = if busy_poll {
-        IdlePolicy::busy_poll()
-    } else {
-        IdlePolicy::default()
-    };
-    let engine = TransferEngine::builder()
-        .idle_policy(idle)
-        .group(domains)
+    let backend = Backend::verbs(None).nics(nics.unwrap_or(1));
+    let device = backend.verbs_config().and_then(|c| c.device);
+    let domains = backend.open_domains()?;
+    let count = domains.len();
+    let engine = domains
+        .add_to(TransferEngine::builder().idle_policy(idle_policy(busy_poll)))
         .build()?;
     let name = format!(
         "ibverbs {}",
-        cfg.device.as_deref().unwrap_or("(first active device)")
+        device.as_deref().unwrap_or("(first active device)")
     );
     Ok((engine, name, count))
+}
+
+/// `busy_poll=True`: workers never sleep (dedicated cores).
+fn idle_policy(busy_poll: bool) -> IdlePolicy {
+    if busy_poll {
+        IdlePolicy::busy_poll()
+    } else {
+        IdlePolicy::default()
+    }
 }
 
 /// Whether `a` and `b` belong to the same engine.

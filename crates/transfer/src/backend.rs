@@ -111,9 +111,10 @@ impl Backend {
         }
     }
 
-    /// How many domains to open. `None` (default): every NIC on EFA, one
-    /// elsewhere. `Some(0)`: every NIC the provider lists. `Some(n)`: on
-    /// EFA the first n NICs; on single-NIC providers (tcp, shm) n
+    /// How many domains to open. `None` (default): every NIC on EFA (and
+    /// other hardware providers named raw), one on tcp, shm, udp and
+    /// sockets. `Some(0)`: every NIC the provider lists. `Some(n)`: on
+    /// multi-NIC providers the first n NICs; on single-NIC ones n
     /// independent endpoints on the first NIC, so multi-NIC sharding runs
     /// on one host; on verbs n domains on the device.
     pub fn nics(mut self, nics: usize) -> Self {
@@ -286,7 +287,13 @@ impl Backend {
             .libfabric_config()
             .ok_or(BackendError::NotCompiledIn { family })?;
         let opening = |e| BackendError::opening(family, format!("provider {provider}"), e);
-        let multi_nic = matches!(config.provider, Some(transfer_efa::Provider::Efa));
+        // tcp, shm, udp and sockets offer one NIC (per interface); EFA and
+        // other hardware providers (`Raw`: libfabric verbs, psm3, cxi, ...)
+        // list each NIC as a domain.
+        let multi_nic = matches!(
+            config.provider,
+            Some(transfer_efa::Provider::Efa | transfer_efa::Provider::Raw(_))
+        );
         match self.nics {
             // Every NIC the provider lists (EFA by default, anything on 0).
             None if multi_nic => transfer_efa::open_domains(&config).map_err(opening),

@@ -32,6 +32,9 @@ pub enum BackendError {
         reason: String,
         /// Packages that provide it.
         packages: &'static str,
+        /// The backend crate's own install command (kept for
+        /// [`TransferError::LibraryMissing`] when converted back).
+        install_hint: &'static str,
     },
     /// The backend loaded but offered nothing to open.
     #[error("{family} backend: no NIC to open ({detail})")]
@@ -74,18 +77,46 @@ impl BackendError {
     pub fn opening(family: BackendFamily, what: impl Into<String>, e: TransferError) -> Self {
         match e {
             TransferError::LibraryMissing {
-                library, reason, ..
+                library,
+                reason,
+                install_hint,
             } => Self::LibraryMissing {
                 family,
                 library,
                 reason,
                 packages: packages_of(family),
+                install_hint,
             },
             source => Self::Open {
                 family,
                 what: what.into(),
                 source,
             },
+        }
+    }
+}
+
+/// For callers whose errors are [`TransferError`]s (the Python package
+/// maps those to its exception classes): backend errors come back as they
+/// were, choices that cannot be honoured as invalid arguments.
+impl From<BackendError> for TransferError {
+    fn from(e: BackendError) -> Self {
+        const CALL: &str = "transfer::Backend";
+        match e {
+            BackendError::LibraryMissing {
+                library,
+                reason,
+                install_hint,
+                ..
+            } => TransferError::LibraryMissing {
+                library,
+                reason,
+                install_hint,
+            },
+            BackendError::Open { source, .. } | BackendError::Engine(source) => source,
+            other @ (BackendError::UnknownBackend(_)
+            | BackendError::NotCompiledIn { .. }
+            | BackendError::NoDevice { .. }) => TransferError::invalid(CALL, other.to_string()),
         }
     }
 }
@@ -117,6 +148,11 @@ mod tests {
         let text = e.to_string();
         assert!(text.contains("libibverbs1 ibverbs-providers"), "{text}");
         assert!(text.contains("libibverbs.so.1"), "{text}");
+        let back = TransferError::from(e);
+        assert!(
+            matches!(back, TransferError::LibraryMissing { install_hint, .. } if install_hint == "apt-get install libibverbs1"),
+            "converted back as it came: {back}"
+        );
         let e = BackendError::NotCompiledIn {
             family: BackendFamily::Verbs,
         };
