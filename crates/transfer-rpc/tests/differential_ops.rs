@@ -2152,8 +2152,11 @@ fn misc_op_cases(v: &mut Vec<Spec>) {
     // slots (T >= K: every slot is written), KDA (vector gate), q and k
     // with dims 1 and 2 swapped.
     type Gdn = (i64, i64, i64, i64, i64, i64, i64, bool, bool);
-    let gdn: [Gdn; 6] = [
+    let gdn: [Gdn; 8] = [
         (32, 2, 2, 1, 1, 1, 1, false, false),
+        // Qwen3-Next's sizes: head 128, 32 value heads over 16 q/k heads.
+        (128, 32, 16, 4, 2, 2, 1, false, false),
+        (64, 4, 4, 6, 1, 1, 4, true, false),
         (64, 4, 4, 8, 2, 2, 1, false, false),
         (32, 4, 2, 4, 2, 1, 1, false, false),
         (32, 2, 2, 4, 1, 1, 1, true, false),
