@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use transfer_core::testing::{TestFabric, TestFabricConfig};
 use transfer_core::{
-    DoneFlag, Notify, RemoteTarget, TransferEngine, TransferError, WriteRequest, WriteShape,
+    DoneFlag, Notify, ProgressMode, RemoteTarget, TransferEngine, TransferError, WriteRequest,
+    WriteShape,
 };
 
 const GUARD: Duration = Duration::from_secs(60);
@@ -344,6 +345,54 @@ fn device_memory_is_routed_to_its_device_group() {
     assert_eq!(r.remote().nics.len(), 2);
     drop(e);
     drop(buf);
+}
+
+/// Unregister is refused while transfers from the region are in flight
+/// (held on the fabric, so "in flight" is certain), and accepted once they
+/// finished, with either progress mode.
+#[test]
+fn unregister_is_refused_while_transfers_are_in_flight() {
+    for mode in [ProgressMode::Thread, ProgressMode::Caller] {
+        let fabric = TestFabric::new(TestFabricConfig::default());
+        let engine = |f: &TestFabric| {
+            TransferEngine::builder()
+                .progress(mode)
+                .group(f.domains(1))
+                .build()
+                .unwrap()
+        };
+        let (a, b) = (engine(&fabric), engine(&fabric));
+        transfer_core::testing::drive_in_background(&b);
+        let src = a.alloc_host(1 << 16, 0).unwrap();
+        let dst = b.alloc_host(1 << 16, 0).unwrap();
+        let t = target(&a, &b, &dst);
+        fabric.hold(true);
+        let ps: Vec<_> = (0..4)
+            .map(|_| {
+                a.write(WriteRequest {
+                    src: &src,
+                    src_offset: 0,
+                    dst: &t,
+                    dst_offset: 0,
+                    len: 1 << 16,
+                    imm: None,
+                })
+                .unwrap()
+            })
+            .collect();
+        assert!(
+            matches!(
+                a.unregister(&src),
+                Err(TransferError::RegionBusy { in_flight: 4 })
+            ),
+            "{mode}"
+        );
+        fabric.hold(false);
+        for p in ps {
+            p.wait_timeout(Duration::from_secs(30)).unwrap();
+        }
+        a.unregister(&src).unwrap();
+    }
 }
 
 /// A NIC that refuses to release a registration (transfers it cannot

@@ -312,7 +312,11 @@ impl Domain for TestDomain {
         events.append(&mut self.ready);
         let fabric = self.fabric.clone();
         let mut s = fabric.lock();
-        let budget = s.config.ops_per_poll.max(1);
+        let budget = if s.held {
+            0
+        } else {
+            s.config.ops_per_poll.max(1)
+        };
         let reorder = s.config.reorder;
         let mut deferred = Vec::new();
         for _ in 0..budget {

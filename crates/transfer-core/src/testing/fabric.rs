@@ -81,6 +81,8 @@ pub(crate) struct FabricState {
     pub(crate) next_key: u64,
     pub(crate) fail_writes: u64,
     pub(crate) refuse_unregisters: u64,
+    /// While set, posted operations stay posted (a slow network).
+    pub(crate) held: bool,
 }
 
 /// The in-memory fabric; clone it to share.
@@ -98,6 +100,7 @@ impl TestFabric {
             next_key: 0x1000,
             fail_writes: 0,
             refuse_unregisters: 0,
+            held: false,
         })))
     }
 
@@ -139,6 +142,13 @@ impl TestFabric {
     /// Makes the next `n` writes (anywhere on the fabric) fail.
     pub fn fail_next_writes(&self, n: u64) {
         self.lock().fail_writes = n;
+    }
+
+    /// While `held`, no posted operation executes or completes (as on a
+    /// network slower than the test), so "in flight" is a state a test can
+    /// rely on; releasing lets them all proceed.
+    pub fn hold(&self, held: bool) {
+        self.lock().held = held;
     }
 
     /// Makes the next `n` unregistrations fail as if the NIC still held
