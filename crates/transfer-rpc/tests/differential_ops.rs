@@ -2523,6 +2523,37 @@ fn train_op_cases(v: &mut Vec<Spec>) {
             ));
         }
     }
+    // GET_ROWS_BACK (test_get_rows_back): the gradient `grad` [n, r] of r
+    // rows of an [n, m] table back to the table, F32 and F16 gradients;
+    // its rows indices in memory, or a view of the first r / 2 of them
+    // (the gradient keeps its r rows, the kernel reads r / 2), and r > m
+    // (rows repeat: their gradients add).
+    for ty in [F32, F16] {
+        for (n, m, r, view) in [
+            (1i64, 8i64, 2i64, false),
+            (256, 5, 4, false),
+            (256, 5, 4, true),
+            (64, 10, 30, false),
+        ] {
+            v.push(spec(
+                format!("get_rows_back {ty} n {n} m {m} r {r} view {view}"),
+                1e-6,
+                move |c| {
+                    let table = c.input(ty, [n, m, 1, 1]);
+                    let mut rows = c.tensor(I32, [r, 1, 1, 1], Fill::Index(m));
+                    if view {
+                        // SAFETY: live context and tensor; the view is
+                        // inside it.
+                        rows =
+                            unsafe { sys::ggml_view_2d(c.ctx, rows, r / 2, 1, (*rows).nb[1], 0) };
+                    }
+                    let grad = c.input(ty, [n, r, 1, 1]);
+                    // SAFETY: live context and tensors.
+                    unsafe { sys::ggml_get_rows_back(c.ctx, grad, rows, table) }
+                },
+            ));
+        }
+    }
     for ne in [[10i64, 5, 4, 3], [64, 1, 1, 1]] {
         v.push(spec(format!("opt_step_adamw {ne:?}"), 1e-6, move |c| {
             let w = c.input(F32, ne);

@@ -19,6 +19,7 @@ const OP_ADD: u32 = 2;
 const OP_ADD_ID: u32 = 3;
 const OP_MUL_MAT_ID: u32 = 30;
 const OP_GET_ROWS: u32 = 40;
+const OP_GET_ROWS_BACK: u32 = 41;
 
 struct Fixture {
     reg: BufferRegistry,
@@ -131,6 +132,44 @@ fn expert_ids_are_range_checked() {
     let mut g = add_id(&f, &[0; 6]);
     g[2].ty = 0;
     f.refused(vec![4], g, "F32 ids");
+}
+
+/// GET_ROWS_BACK of a [8, 4] gradient by I32 rows `vals` (shape `ne`, at
+/// 1024) into a [8, 5] result: the rows index the result.
+fn get_rows_back(f: &Fixture, ne: [u32; 4], vals: &[i32]) -> Vec<RpcTensor> {
+    let g = f.t(1, 0, [8, 4, 1, 1]);
+    let rows = f.ids(2, 1024, ne, vals);
+    let r = op(f.t(3, 2048, [8, 5, 1, 1]), OP_GET_ROWS_BACK, &[1, 2]);
+    vec![g, rows, r]
+}
+
+#[test]
+fn get_rows_back_rows_are_range_checked() {
+    let f = fixture();
+    assert_eq!(index_slot(OP_GET_ROWS_BACK), Some(1));
+    let v = f
+        .graph(vec![3], get_rows_back(&f, [4, 1, 1, 1], &[0, 4, 4, 2]))
+        .unwrap();
+    assert_eq!(v.upfront_index_checks, vec![2]);
+    // The bound is the result's 5 rows, not the gradient's 4.
+    f.refused(
+        vec![3],
+        get_rows_back(&f, [4, 1, 1, 1], &[0, 5, 1, 2]),
+        "row 5 of 5",
+    );
+    f.refused(
+        vec![3],
+        get_rows_back(&f, [4, 1, 1, 1], &[0, -1, 1, 2]),
+        "row -1",
+    );
+    // The kernel reads int32_t and reads them flat.
+    let mut g = get_rows_back(&f, [4, 1, 1, 1], &[0; 4]);
+    g[1].ty = 27;
+    g[1].nb = [8, 32, 32, 32];
+    f.refused(vec![3], g, "I64 rows");
+    let mut g = get_rows_back(&f, [2, 2, 1, 1], &[0; 4]);
+    g[1].nb = [4, 16, 32, 32];
+    f.refused(vec![3], g, "rows of a strided view");
 }
 
 #[test]

@@ -1843,3 +1843,116 @@ fn col2im_and_backward_vision_ops_refuse_what_ggml_cpu_cannot_take() {
     let g = at_end(1, F32, [10, 10, 3, 1], b, base);
     computes(&mut c, "pool_2d_back", &pool_back(g, f, b, base));
 }
+
+const OP_GET_ROWS_BACK: u32 = 41;
+
+/// GET_ROWS_BACK of the F32 gradient `grad` (id 1) by 4 I32 rows `rows`
+/// (id 2 at 4096, written) into `r` (id 3): rows index `r`'s rows.
+fn get_rows_back_of(
+    c: &mut Client,
+    grad: RpcTensor,
+    rows: &[i32],
+    r: RpcTensor,
+    b: u64,
+    base: u64,
+) -> GraphPayload {
+    let idx = packed(2, I32, [4, 1, 1, 1], b, base, 4096);
+    c.set_tensor(&idx, 0, &i32_bytes(rows)).unwrap();
+    over(OP_GET_ROWS_BACK, vec![Some(grad), Some(idx)], r, &[])
+}
+
+/// [`get_rows_back_of`] a packed [16, 4] gradient at 0 into an F32
+/// [16, 5] result at the buffer's end: a row of 5 or more is added past
+/// it (GGML_ASSERT(r >= 0 && r < dst->ne[1]) aborts first).
+fn get_rows_back(c: &mut Client, rows: &[i32], b: u64, base: u64) -> GraphPayload {
+    let grad = packed(1, F32, [16, 4, 1, 1], b, base, 0);
+    let r = at_end(3, F32, [16, 5, 1, 1], b, base);
+    get_rows_back_of(c, grad, rows, r, b, base)
+}
+
+#[test]
+fn get_rows_back_rows_are_checked_on_every_run() {
+    let h = start_ggml();
+    for bad in [5, -1, i32::MAX, i32::MIN] {
+        refused_with(&h, &format!("get_rows_back row {bad}"), |c, b, base| {
+            get_rows_back(c, &[0, 4, bad, 1], b, base)
+        });
+    }
+    // Rows of a strided view [2, 2] (nb1 = 16): the range check walks
+    // elements 0, 1, 4, 5 (in range), the kernel reads 0..4 flat (9 is
+    // past the 5 result rows).
+    refused_with(&h, "get_rows_back of strided rows", |c, b, base| {
+        let mut g = get_rows_back(c, &[0, 1, 9, 9], b, base);
+        let idx = &mut g.tensors[1];
+        idx.ne = [2, 2, 1, 1];
+        idx.nb = [4, 16, 32, 32];
+        c.set_tensor(idx, 0, &i32_bytes(&[0, 1, 9, 9, 2, 3]))
+            .unwrap();
+        g
+    });
+    // An F16 result [16, 5] at the buffer's end: the kernel adds rows of
+    // 16 floats at `r * nb1` (row 4: 32 bytes past it).
+    refused_with(&h, "get_rows_back into F16", |c, b, base| {
+        let grad = packed(1, F32, [16, 4, 1, 1], b, base, 0);
+        let r = at_end(3, F16, [16, 5, 1, 1], b, base);
+        get_rows_back_of(c, grad, &[0, 1, 2, 4], r, b, base)
+    });
+    // A gradient of 2 rows for 4 indices (at the buffer's end): rows 2 and
+    // 3 are read past it.
+    refused_with(&h, "get_rows_back of a short gradient", |c, b, base| {
+        let grad = at_end(1, F32, [16, 2, 1, 1], b, base);
+        let r = packed(3, F32, [16, 5, 1, 1], b, base, 8192);
+        get_rows_back_of(c, grad, &[0, 1, 2, 3], r, b, base)
+    });
+
+    // Valid rows compute (one row twice: its gradients add), then another
+    // session rewrites them between GRAPH_COMPUTE and GRAPH_RECOMPUTE: the
+    // recompute is refused.
+    let before = h.shared().refused_connections();
+    let (mut c, b, base) = session(&h);
+    let g = get_rows_back(&mut c, &[4, 0, 4, 2], b, base);
+    c.set_tensor(&g.tensors[0], 0, &f32_bytes(&[1.0; 64]))
+        .unwrap();
+    computes(&mut c, "get_rows_back", &g);
+    let sums = read(&mut c, &g.tensors[2], 80);
+    let row = |i: usize| sums[16 * i];
+    assert_eq!(
+        [row(0), row(1), row(2), row(3), row(4)],
+        [1.0, 0.0, 1.0, 0.0, 2.0]
+    );
+    let mut other = connect(&h);
+    other
+        .set_tensor(&g.tensors[1], 0, &i32_bytes(&[4, 0, 5, 2]))
+        .unwrap();
+    // SET_TENSOR has no answer: read the rows back so the write has
+    // landed before the recompute.
+    assert_eq!(
+        other.get_tensor(&g.tensors[1], 0, 16).unwrap(),
+        i32_bytes(&[4, 0, 5, 2])
+    );
+    c.graph_recompute(0).unwrap();
+    assert!(is_closed(&mut c), "recompute with row 5 was not refused");
+    wait_refused(&h, before + 1);
+    server_still_computes(&h);
+
+    // The same node listed twice, a CPY between the two runs writing 7.0
+    // (as I32) over the rows: checked before each run, the second is
+    // refused.
+    refused_with(&h, "rows rewritten between two runs", |c, b, base| {
+        let mut g = get_rows_back(c, &[0, 1, 2, 3], b, base);
+        let sevens = packed(5, F32, [4, 1, 1, 1], b, base, 12288);
+        c.set_tensor(&sevens, 0, &f32_bytes(&[7.0; 4])).unwrap();
+        let mut rows6 = g.tensors[1].clone();
+        rows6.id = 6;
+        let mut cpy = node(rows6.clone(), OP_CPY, &[5, 6]);
+        cpy.id = 7;
+        g.tensors.extend([sevens, rows6, cpy]);
+        g.nodes = vec![3, 7, 3];
+        g
+    });
+    // Listed twice without a writer between: both runs compute.
+    let (mut c, b, base) = session(&h);
+    let mut g = get_rows_back(&mut c, &[0, 1, 2, 3], b, base);
+    g.nodes = vec![3, 3];
+    computes(&mut c, "get_rows_back twice", &g);
+}

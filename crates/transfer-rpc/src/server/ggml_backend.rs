@@ -5,12 +5,13 @@
 //! [`crate::validate::op_shapes`], asks ggml whether it supports every
 //! node, write-locks every buffer the graph touches, rebuilds the tensors
 //! in a no-alloc ggml context pointing into those buffers, and runs the
-//! nodes. Every index tensor (GET_ROWS, SET_ROWS, ADD_ID, MUL_MAT_ID and
-//! SSM_SCAN read rows, experts or states by tensor data) is range-checked in the
-//! locked memory on every execution (GRAPH_COMPUTE and GRAPH_RECOMPUTE
-//! alike): those no node writes before the first node runs; those an
-//! earlier node may write (computed indices) split the graph: the nodes
-//! before run first, then the indices are checked, then the rest runs.
+//! nodes. Every index tensor (GET_ROWS, GET_ROWS_BACK, SET_ROWS, ADD_ID,
+//! MUL_MAT_ID and SSM_SCAN read rows, experts or states by tensor data) is
+//! range-checked in the locked memory on every execution (GRAPH_COMPUTE
+//! and GRAPH_RECOMPUTE alike): those no node writes before the first node
+//! runs; those an earlier node may write (computed indices) split the
+//! graph: the nodes before run first, then the indices are checked, then
+//! the rest runs.
 //!
 //! The buffer write locks are taken before the first check and released
 //! after the last node, so no other session's SET_TENSOR, SET_TENSOR_HASH,

@@ -1,7 +1,8 @@
 //! GRAPH_COMPUTE checks: every id resolvable, no cycles, ops in range, custom
 //! ops refused, source arity, the shapes of the ops that index memory with
-//! tensor data (GET_ROWS, SET_ROWS, ADD_ID, MUL_MAT_ID) and (when the index
-//! data already sits in memory) index ranges. A node may be listed more
+//! tensor data (GET_ROWS, GET_ROWS_BACK, SET_ROWS, ADD_ID, MUL_MAT_ID,
+//! SSM_SCAN) and (when the index data already sits in memory) index
+//! ranges. A node may be listed more
 //! than once (test-backend-ops' perf mode repeats one node): it runs each
 //! time, as in ggml.
 //!
@@ -14,10 +15,11 @@
 
 use std::collections::{HashMap, HashSet};
 
+use super::op_shapes::is_contiguous;
 use super::ops::{
-    GGML_GLU_OP_COUNT, GGML_OP_ADD_ID, GGML_OP_COUNT, GGML_OP_GET_ROWS, GGML_OP_GLU,
-    GGML_OP_MUL_MAT_ID, GGML_OP_SET_ROWS, GGML_OP_SSM_SCAN, GGML_OP_UNARY, GGML_UNARY_OP_COUNT,
-    is_custom,
+    GGML_GLU_OP_COUNT, GGML_OP_ADD_ID, GGML_OP_COUNT, GGML_OP_GET_ROWS, GGML_OP_GET_ROWS_BACK,
+    GGML_OP_GLU, GGML_OP_MUL_MAT_ID, GGML_OP_SET_ROWS, GGML_OP_SSM_SCAN, GGML_OP_UNARY,
+    GGML_UNARY_OP_COUNT, is_custom,
 };
 use super::tensor::{BufferLookup, CheckedTensor, check_tensor, check_view};
 use super::types::{GGML_TYPE_F16, GGML_TYPE_F32, GGML_TYPE_I32, GGML_TYPE_I64};
@@ -69,8 +71,8 @@ pub struct ValidatedGraph {
     pub srcs: Vec<[Option<usize>; MAX_SRC]>,
     /// View source of each tensor as an index.
     pub view_src: Vec<Option<usize>>,
-    /// Index nodes (GET_ROWS, SET_ROWS, ADD_ID, MUL_MAT_ID: see
-    /// [`index_slot`]) whose index bytes no node listed before them writes:
+    /// Index nodes (GET_ROWS, GET_ROWS_BACK, SET_ROWS, ADD_ID, MUL_MAT_ID,
+    /// SSM_SCAN: see [`index_slot`]) whose index bytes no node listed before them writes:
     /// a compute backend must range-check them (with [`check_index_node`])
     /// against current memory before it runs the first node, on every
     /// execution (GRAPH_COMPUTE and GRAPH_RECOMPUTE), while it holds the
@@ -97,8 +99,8 @@ fn min_sources(op: u32) -> usize {
         // NONE and ARANGE have no sources.
         0 | 67 => 0,
         // ADD, ADD1, ACC, SUB, MUL, DIV, CONCAT, MUL_MAT, OUT_PROD, SET,
-        // CPY, GET_ROWS, ROPE.
-        2 | 4 | 5 | 6 | 7 | 8 | 22 | 29 | 31 | 33 | 34 | 40 | 48 => 2,
+        // CPY, GET_ROWS, GET_ROWS_BACK, ROPE.
+        2 | 4 | 5 | 6 | 7 | 8 | 22 | 29 | 31 | 33 | 34 | 40 | 41 | 48 => 2,
         // ADD_ID, MUL_MAT_ID, SET_ROWS, FLASH_ATTN_EXT.
         3 | 30 | 42 | 74 => 3,
         _ => 1,
@@ -191,6 +193,7 @@ pub fn validate_graph(
         let t = &g.tensors[n];
         let ix = match t.op {
             GGML_OP_GET_ROWS => check_get_rows(&g.tensors, n, &srcs[n])?,
+            GGML_OP_GET_ROWS_BACK => check_get_rows_back_indices(&g.tensors, &srcs[n])?,
             GGML_OP_SET_ROWS => check_set_rows(&g.tensors, n, &srcs[n])?,
             GGML_OP_ADD_ID | GGML_OP_MUL_MAT_ID => check_expert_ids(&g.tensors, n, &srcs[n])?,
             GGML_OP_SSM_SCAN => check_sequence_ids(&g.tensors, &srcs[n])?,
@@ -285,12 +288,12 @@ impl WrittenExtents {
 }
 
 /// The source slot holding the indices of an index op: GET_ROWS (rows of
-/// src0) and SET_ROWS (rows of the result) read them from src1; ADD_ID
-/// (rows of src1) and MUL_MAT_ID (matrices of src0) from src2; SSM_SCAN
-/// (states of src0) from src6. `None` for every other op.
+/// src0), GET_ROWS_BACK and SET_ROWS (rows of the result) read them from
+/// src1; ADD_ID (rows of src1) and MUL_MAT_ID (matrices of src0) from
+/// src2; SSM_SCAN (states of src0) from src6. `None` for every other op.
 pub fn index_slot(op: u32) -> Option<usize> {
     match op {
-        GGML_OP_GET_ROWS | GGML_OP_SET_ROWS => Some(1),
+        GGML_OP_GET_ROWS | GGML_OP_GET_ROWS_BACK | GGML_OP_SET_ROWS => Some(1),
         GGML_OP_ADD_ID | GGML_OP_MUL_MAT_ID => Some(2),
         GGML_OP_SSM_SCAN => Some(6),
         _ => None,
@@ -305,6 +308,9 @@ fn row_bound(ts: &[RpcTensor], n: usize, s: &[Option<usize>; MAX_SRC]) -> i64 {
         GGML_OP_ADD_ID => ne(1, 1),
         GGML_OP_MUL_MAT_ID => ne(0, 2),
         GGML_OP_SSM_SCAN => ne(0, 3),
+        // SET_ROWS and GET_ROWS_BACK: rows of the result
+        // (`GGML_ASSERT(r >= 0 && r < dst->ne[1])` in
+        // ggml_compute_forward_get_rows_back).
         _ => i64::from(ts[n].ne[1]),
     }
 }
@@ -455,6 +461,21 @@ fn check_get_rows(ts: &[RpcTensor], n: usize, s: &[Option<usize>; MAX_SRC]) -> R
     if r.ne != [a.ne[0], b.ne[0], b.ne[1], b.ne[2]] {
         return refuse("GET_ROWS result shape disagrees with its sources");
     }
+    s[1].ok_or_else(|| RpcError::refused(CALL, "missing source"))
+}
+
+/// GET_ROWS_BACK(grad, rows): ggml_compute_forward_get_rows_back reads
+/// its `ggml_nelements(src1)` indices flat (`((int32_t *)
+/// src1->data)[i]`), so they must be I32 and contiguous (then the flat
+/// read and the strided range check see the same elements); each must be
+/// a row of the result (`row_bound`). The other shape rules are the op
+/// rules' (`op_shapes_train`).
+fn check_get_rows_back_indices(ts: &[RpcTensor], s: &[Option<usize>; MAX_SRC]) -> Result<usize> {
+    let rows = get(ts, s[1])?;
+    if rows.ty != GGML_TYPE_I32 || !is_contiguous(rows) {
+        return refuse("GET_ROWS_BACK indices must be contiguous I32");
+    }
+    get(ts, s[0])?;
     s[1].ok_or_else(|| RpcError::refused(CALL, "missing source"))
 }
 

@@ -2,11 +2,13 @@
 //! (what ggml's training graphs and test-backend-ops' gradient checks
 //! send): SILU_BACK, RMS_NORM_BACK, SOFT_MAX_BACK, REPEAT_BACK,
 //! CROSS_ENTROPY_LOSS, CROSS_ENTROPY_LOSS_BACK, OPT_STEP_ADAMW and
-//! OPT_STEP_SGD, IM2COL_BACK, POOL_2D_BACK (ROPE_BACK runs ROPE's kernel
-//! and takes ROPE's rule in `op_shapes.rs`). As in `op_shapes.rs`, each rule is what the op's
-//! ggml-cpu kernel (ops.cpp of the vendored llama.cpp) asserts, aborts on,
-//! or needs to stay inside its tensors. The optimizer steps write into
-//! their sources (the weights and the moments), not into their result.
+//! OPT_STEP_SGD, IM2COL_BACK, POOL_2D_BACK, GET_ROWS_BACK (its indices are
+//! range-checked on every run like GET_ROWS', in `graph.rs`; ROPE_BACK
+//! runs ROPE's kernel and takes ROPE's rule in `op_shapes.rs`). As in
+//! `op_shapes.rs`, each rule is what the op's ggml-cpu kernel (ops.cpp of
+//! the vendored llama.cpp) asserts, aborts on, or needs to stay inside its
+//! tensors. The optimizer steps write into their sources (the weights and
+//! the moments), not into their result.
 
 use super::op_shapes::{
     can_repeat, f32_param, flat_rows, flat_walk, is_contiguous, nelements, refuse, rows_contiguous,
@@ -21,6 +23,7 @@ use crate::protocol::tensor::{MAX_SRC, RpcTensor};
 pub(super) const OP_REPEAT_BACK: u32 = 21;
 pub(super) const OP_SILU_BACK: u32 = 23;
 pub(super) const OP_RMS_NORM_BACK: u32 = 26;
+pub(super) const OP_GET_ROWS_BACK: u32 = 41;
 pub(super) const OP_SOFT_MAX_BACK: u32 = 47;
 pub(super) const OP_IM2COL_BACK: u32 = 53;
 pub(super) const OP_POOL_2D_BACK: u32 = 62;
@@ -60,6 +63,10 @@ pub(super) fn check(r: &RpcTensor, s: &[Option<&RpcTensor>; MAX_SRC]) -> Option<
             _ => refuse(op, "needs three sources"),
         },
         OP_OPT_STEP_ADAMW | OP_OPT_STEP_SGD => check_opt_step(r, s),
+        OP_GET_ROWS_BACK => match (s[0], s[1]) {
+            (Some(a), Some(b)) => check_get_rows_back(r, a, b),
+            _ => refuse(op, "needs two sources"),
+        },
         OP_IM2COL_BACK | OP_POOL_2D_BACK => match (s[0], s[1]) {
             (Some(a), Some(b)) if op == OP_IM2COL_BACK => check_im2col_back(r, a, b),
             (Some(a), Some(b)) => check_pool_2d_back(r, a, b),
@@ -338,6 +345,34 @@ fn check_pool_2d_back(r: &RpcTensor, g: &RpcTensor, f: &RpcTensor) -> Result<()>
         return refuse(
             op,
             format!("pool_2d_back {:?} of {:?} into {:?}", &p[..7], g.ne, r.ne),
+        );
+    }
+    Ok(())
+}
+
+/// GET_ROWS_BACK (grad, rows): `ggml_compute_forward_get_rows_back_{f32,
+/// f32_f16}` by grad's type (GGML_ABORT on others; one thread).
+/// GGML_ASSERT: dst contiguous, `dst ne[0]` = grad's `ne[0]` (nc), grad
+/// `nb[0]` its type's size. It zeroes `ggml_nbytes(dst)` and adds grad row
+/// i, nc elements at `i * nb01`, for every i < `ggml_nelements(rows)`,
+/// into dst row `rows[i]` as floats: dst F32, and grad must have that many
+/// rows in dim 1 (test-backend-ops sends grads with more rows than indices;
+/// ggml_get_rows_back itself checks no count). The indices (contiguous
+/// I32, each below dst's `ne[1]`) are checked in `graph.rs`, on every run.
+fn check_get_rows_back(r: &RpcTensor, g: &RpcTensor, rows: &RpcTensor) -> Result<()> {
+    if r.ty != GGML_TYPE_F32
+        || !is_contiguous(r)
+        || !matches!(g.ty, GGML_TYPE_F32 | GGML_TYPE_F16)
+        || u64::from(g.nb[0]) != type_size(g.ty)
+        || r.ne[0] != g.ne[0]
+        || nelements(rows) > u64::from(g.ne[1])
+    {
+        return refuse(
+            r.op,
+            format!(
+                "get_rows_back of {:?} by {:?} indices into {:?}",
+                g.ne, rows.ne, r.ne
+            ),
         );
     }
     Ok(())

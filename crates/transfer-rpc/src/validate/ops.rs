@@ -18,6 +18,8 @@ pub const GGML_OP_PERMUTE: u32 = 38;
 pub const GGML_OP_TRANSPOSE: u32 = 39;
 /// `GGML_OP_GET_ROWS`.
 pub const GGML_OP_GET_ROWS: u32 = 40;
+/// `GGML_OP_GET_ROWS_BACK`.
+pub const GGML_OP_GET_ROWS_BACK: u32 = 41;
 /// `GGML_OP_SET_ROWS`.
 pub const GGML_OP_SET_ROWS: u32 = 42;
 /// `GGML_OP_SSM_SCAN`.
