@@ -26,7 +26,7 @@ fn engine() -> Option<TransferEngine> {
     e.ok()
 }
 
-fn target(
+fn target_of(
     from: &TransferEngine,
     to: &TransferEngine,
     region: &transfer_core::LocalRegion,
@@ -45,8 +45,8 @@ fn imm_ping_pong_with_data_one_thread_per_engine() {
     const LEN: usize = 64;
     let ra = a.alloc_host(1 << 16, 0).expect("alloc a");
     let rb = b.alloc_host(1 << 16, 0).expect("alloc b");
-    let to_b = target(&a, &b, &rb);
-    let to_a = target(&b, &a, &ra);
+    let to_b = target_of(&a, &b, &rb);
+    let to_a = target_of(&b, &a, &ra);
     let (ping, pong) = (0x10, 0x20);
     std::thread::scope(|s| {
         let echo = s.spawn(|| {
@@ -194,7 +194,7 @@ fn pending_future_drives_the_engine_and_drop_fails_what_is_queued() {
     };
     let ra = a.alloc_host(4096, 0).expect("alloc a");
     let rb = b.alloc_host(4096, 0).expect("alloc b");
-    let to_b = target(&a, &b, &rb);
+    let to_b = target_of(&a, &b, &rb);
     ra.write_at(0, &[7u8; 128]).expect("fill");
     let stop = AtomicBool::new(false);
     std::thread::scope(|s| {
@@ -235,4 +235,100 @@ fn pending_future_drives_the_engine_and_drop_fails_what_is_queued() {
     );
     drop(a);
     assert!(flag.is_done(), "drop left a transfer unreported");
+}
+
+/// Measurement, not a check (`cargo test --release -p transfer-efa --test
+/// caller_progress -- --ignored --nocapture`): 8 B write completion latency
+/// over tcp of a bare domain (the raw loop) and of a caller-driven engine,
+/// each against a target polled by a dedicated thread, in one process.
+#[test]
+#[ignore = "measurement; prints figures"]
+fn measure_small_write_latency_raw_vs_caller() {
+    use transfer_core::{Domain, DomainEvent, OpToken};
+    const N: usize = 20_000;
+    let p50 = |mut v: Vec<Duration>| {
+        v.sort();
+        v[v.len() / 2]
+    };
+    // Raw: two bare domains.
+    let Some(mut ds) = common::open(Provider::Tcp, 2) else {
+        return;
+    };
+    let mut target = ds.pop().expect("target");
+    let mut source = ds.pop().expect("source");
+    let dst = common::Buf::new(&mut target, 4096, |_| 0);
+    let src = common::Buf::new(&mut source, 4096, |i| i as u8);
+    let peer = source.resolve_peer(&target.address()).expect("resolve");
+    let op = src.write_to(0, 8, peer, &dst, 0, None);
+    let stop = AtomicBool::new(false);
+    let raw = std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut ev = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                target.poll(&mut ev);
+                ev.clear();
+            }
+        });
+        let mut samples = Vec::with_capacity(N);
+        let mut ev: Vec<DomainEvent> = Vec::new();
+        for i in 0..N {
+            let t0 = Instant::now();
+            source.submit_writes(OpToken(i as u64), std::slice::from_ref(&op));
+            'wait: loop {
+                source.poll(&mut ev);
+                for e in ev.drain(..) {
+                    if let DomainEvent::Completed { result, .. } = e {
+                        result.expect("raw write");
+                        break 'wait;
+                    }
+                }
+            }
+            samples.push(t0.elapsed());
+        }
+        stop.store(true, Ordering::Relaxed);
+        samples
+    });
+    // Caller-driven engines.
+    let (Some(a), Some(b)) = (engine(), engine()) else {
+        return;
+    };
+    let ra = a.alloc_host(4096, 0).expect("alloc a");
+    let rb = b.alloc_host(4096, 0).expect("alloc b");
+    let to_b = target_of(&a, &b, &rb);
+    let stop = AtomicBool::new(false);
+    let eng = std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                b.progress();
+            }
+        });
+        let mut samples = Vec::with_capacity(N);
+        for _ in 0..N {
+            let flag = DoneFlag::new();
+            let t0 = Instant::now();
+            a.submit_write(
+                WriteRequest {
+                    src: &ra,
+                    src_offset: 0,
+                    dst: &to_b,
+                    dst_offset: 0,
+                    len: 8,
+                    imm: None,
+                },
+                Notify::Flag(flag.clone()),
+            )
+            .expect("write");
+            while !flag.is_done() {
+                a.progress();
+            }
+            samples.push(t0.elapsed());
+        }
+        stop.store(true, Ordering::Relaxed);
+        samples
+    });
+    println!(
+        "8 B write completion p50: raw {:?}, caller-driven engine {:?}",
+        p50(raw),
+        p50(eng)
+    );
 }
