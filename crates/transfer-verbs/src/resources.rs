@@ -149,19 +149,22 @@ impl Pd {
 }
 
 impl Cq {
-    pub(crate) fn create(ctx: &Context, depth: u32) -> Result<Self> {
+    /// A CQ of at least `depth` entries, reporting on `channel` when given
+    /// (so that [`CompChannel`]'s descriptor can wake a sleeping worker).
+    pub(crate) fn create(ctx: &Context, depth: u32, channel: Option<&CompChannel>) -> Result<Self> {
         let cqe = i32::try_from(depth).unwrap_or(i32::MAX);
-        // SAFETY: live context; no completion channel (polled), vector 0.
-        let p = unsafe {
-            (ctx.verbs().create_cq)(
-                ctx.as_ptr(),
-                cqe,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                0,
-            )
-        };
+        let ch = channel.map_or(std::ptr::null_mut(), CompChannel::as_ptr);
+        // SAFETY: live context; `ch` is null or a live channel of the same
+        // context, which outlives the CQ (VerbsDomain's field order); vector 0.
+        let p = unsafe { (ctx.verbs().create_cq)(ctx.as_ptr(), cqe, std::ptr::null_mut(), ch, 0) };
         Self::from_raw(ctx.verbs(), p, "ibv_create_cq")
+    }
+
+    /// `ibv_req_notify_cq(cq, 0)`: the next completion queues an event on
+    /// the CQ's channel. False when the provider refused.
+    pub(crate) fn arm(&self) -> bool {
+        // SAFETY: live CQ; only called on CQs created with a channel.
+        unsafe { sys::datapath::req_notify_cq(self.as_ptr(), false) == 0 }
     }
 
     /// Depth the provider actually gave (>= requested).
@@ -169,6 +172,93 @@ impl Cq {
         // SAFETY: live CQ; `cqe` is set by the library at creation.
         let n = unsafe { (*self.as_ptr()).cqe };
         u32::try_from(n).unwrap_or(0)
+    }
+}
+
+/// A completion event channel (`ibv_comp_channel`) with a non-blocking
+/// descriptor: the domain's [`transfer_core::Domain::wait_fd`].
+///
+/// Every event read from it is acknowledged at once (see
+/// [`CompChannel::drain`]), so none is ever outstanding when a CQ is
+/// destroyed (`ibv_destroy_cq` would wait for it). Destroy after its CQs:
+/// the library refuses (EBUSY) while CQs still use it.
+pub(crate) struct CompChannel {
+    ptr: NonNull<sys::ibv_comp_channel>,
+    fns: &'static sys::ChannelVerbs,
+    fd: std::os::fd::RawFd,
+}
+
+impl CompChannel {
+    /// `None` when the library or provider has no completion channels, or
+    /// the descriptor cannot be made non-blocking: the domain then offers
+    /// no wait descriptor and idle workers park on timers, as before.
+    pub(crate) fn create(ctx: &Context) -> Option<Self> {
+        let fns = ctx.verbs().channel.as_ref()?;
+        // SAFETY: live context.
+        let ptr = NonNull::new(unsafe { (fns.create)(ctx.as_ptr()) })?;
+        // SAFETY: `ptr` is the live channel just created; `fd` is set by
+        // the library and constant for its lifetime.
+        let fd = unsafe { (*ptr.as_ptr()).fd };
+        let ch = Self { ptr, fns, fd };
+        // Non-blocking, so that draining stops at EAGAIN instead of
+        // sleeping in read(): the worker blocks in poll(), never here.
+        // SAFETY: fcntl on a descriptor the channel owns; no memory involved.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        // SAFETY: as above.
+        if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+            return None; // `ch` drops: the channel is destroyed
+        }
+        Some(ch)
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut sys::ibv_comp_channel {
+        self.ptr.as_ptr()
+    }
+
+    /// The descriptor that becomes readable when an armed CQ completes.
+    pub(crate) fn fd(&self) -> std::os::fd::RawFd {
+        self.fd
+    }
+
+    /// Reads every queued event (until EAGAIN) and acknowledges them, one
+    /// `ibv_ack_cq_events` call per CQ. Returns how many there were.
+    pub(crate) fn drain(&self) -> usize {
+        // Two CQs use a channel (the data CQ and the handshake CQ); a
+        // third would be acknowledged event by event.
+        let mut counts: [(*mut sys::ibv_cq, u32); 2] = [(std::ptr::null_mut(), 0); 2];
+        let mut total = 0;
+        loop {
+            let mut cq = std::ptr::null_mut();
+            let mut cq_ctx = std::ptr::null_mut();
+            // SAFETY: live channel; out-pointers valid for the call; the
+            // descriptor is non-blocking, so this returns -1 (EAGAIN) when
+            // no event is queued.
+            let rc = unsafe { (self.fns.get_event)(self.as_ptr(), &mut cq, &mut cq_ctx) };
+            if rc != 0 || cq.is_null() {
+                break;
+            }
+            total += 1;
+            match counts.iter_mut().find(|(c, _)| *c == cq || c.is_null()) {
+                Some(slot) => *slot = (cq, slot.1 + 1),
+                // SAFETY: `cq` is a live CQ of ours that just reported this event.
+                None => unsafe { (self.fns.ack)(cq, 1) },
+            }
+        }
+        for (cq, n) in counts {
+            if n > 0 {
+                // SAFETY: live CQ; acknowledges exactly the events read above.
+                unsafe { (self.fns.ack)(cq, n) };
+            }
+        }
+        total
+    }
+}
+
+impl Drop for CompChannel {
+    fn drop(&mut self) {
+        // SAFETY: created by ibv_create_comp_channel, destroyed exactly
+        // once, after every CQ using it (VerbsDomain's field order).
+        unsafe { (self.fns.destroy)(self.ptr.as_ptr()) };
     }
 }
 

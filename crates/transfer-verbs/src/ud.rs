@@ -8,7 +8,7 @@ use transfer_core::{HostBuffer, Result};
 use crate::error::{errno_error, post_is_backpressure};
 use crate::handshake::WireAddress;
 use crate::qp::{self, Path};
-use crate::resources::{Ah, Context, Cq, Mr, Pd, Qp};
+use crate::resources::{Ah, CompChannel, Context, Cq, Mr, Pd, Qp};
 use crate::sys::{self, datapath, ibv_recv_wr, ibv_send_wr, ibv_sge, ibv_wc};
 
 /// Bytes per slot (40-byte GRH + payload).
@@ -39,8 +39,17 @@ pub(crate) struct UdEndpoint {
 unsafe impl Send for UdEndpoint {}
 
 impl UdEndpoint {
-    pub(crate) fn new(ctx: &Context, pd: &Pd, path: Path, qkey: u32, psn: u32) -> Result<Self> {
-        let cq = Cq::create(ctx, (RECV_SLOTS + SEND_SLOTS + 16) as u32)?;
+    /// The CQ reports on `channel` when given, so that a hello from a new
+    /// peer wakes a worker sleeping on the domain's wait descriptor.
+    pub(crate) fn new(
+        ctx: &Context,
+        pd: &Pd,
+        path: Path,
+        qkey: u32,
+        psn: u32,
+        channel: Option<&CompChannel>,
+    ) -> Result<Self> {
+        let cq = Cq::create(ctx, (RECV_SLOTS + SEND_SLOTS + 16) as u32, channel)?;
         let qp = Qp::create(
             pd,
             &cq,
@@ -78,6 +87,11 @@ impl UdEndpoint {
 
     pub(crate) fn qkey(&self) -> u32 {
         self.qkey
+    }
+
+    /// The handshake CQ (armed by the domain before a worker sleeps).
+    pub(crate) fn cq(&self) -> &Cq {
+        &self.cq
     }
 
     fn post_recv(&mut self, slot: usize) -> Result<()> {
@@ -163,14 +177,19 @@ impl UdEndpoint {
     }
 
     /// Reaps completions: received payloads go to `out`, send slots return
-    /// to the free list. Receive slots are reposted at once.
-    pub(crate) fn poll(&mut self, out: &mut Vec<Vec<u8>>) {
+    /// to the free list. Receive slots are reposted at once. Returns how
+    /// many completions were reaped.
+    pub(crate) fn poll(&mut self, out: &mut Vec<Vec<u8>>) -> usize {
         let mut wcs = [ibv_wc::default(); 32];
+        let mut reaped = 0;
         loop {
             // SAFETY: live CQ; wcs has room for its length.
             let n = unsafe { datapath::poll_cq(self.cq.as_ptr(), &mut wcs) };
-            let Ok(n) = usize::try_from(n) else { return };
+            let Ok(n) = usize::try_from(n) else {
+                return reaped;
+            };
             let n = n.min(wcs.len());
+            reaped += n;
             for wc in &wcs[..n] {
                 let slot = (wc.wr_id & 0xffff_ffff) as usize;
                 if wc.wr_id & RECV_TAG != 0 && slot < RECV_SLOTS {
@@ -189,7 +208,7 @@ impl UdEndpoint {
                 }
             }
             if n < wcs.len() {
-                return;
+                return reaped;
             }
         }
     }

@@ -1,7 +1,8 @@
 //! Backend-specific checks on a real verbs device (soft-RoCE in the VM
 //! harness, ConnectX on hardware): two processes, a peer killed
 //! mid-stream, peers forgotten and reconnected, typed remote errors, many
-//! simultaneous handshakes. Each test skips, saying why, without a device.
+//! simultaneous handshakes, idle workers woken by the completion channel.
+//! Each test skips, saying why, without a device.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // integration test helpers
 
@@ -11,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use transfer_core::domain::Domain;
 use transfer_core::{
-    EngineAddress, LocalRegion, RemoteRegion, RemoteTarget, TransferEngine, TransferError,
-    WriteRequest, WriteShape,
+    EngineAddress, IdlePolicy, LocalRegion, RemoteRegion, RemoteTarget, TransferEngine,
+    TransferError, WriteRequest, WriteShape,
 };
 use transfer_verbs::{VerbsConfig, VerbsDomain};
 
@@ -213,6 +214,77 @@ fn many_peers_handshake_at_once() {
             assert_eq!(got, pattern(1024, i as u64), "{i} -> {j}");
         }
     }
+}
+
+/// An engine whose worker went to sleep blocks on the domain's completion
+/// channel (not on a timer), and an incoming write-with-immediate and a
+/// hello from a new peer each wake it. Its blocks last up to two minutes:
+/// only the channel can wake it within the guard.
+#[test]
+fn a_sleeping_worker_wakes_on_arrivals() {
+    let Some(cfg) = device() else { return };
+    const WAKE: Duration = Duration::from_secs(10);
+    // Well past the spin window (200 µs), so the worker is asleep.
+    const NAP: Duration = Duration::from_millis(300);
+    assert!(
+        VerbsDomain::open(cfg.clone()).unwrap().wait_fd().is_some(),
+        "the device offers no completion channel"
+    );
+    let idle = IdlePolicy {
+        max_block: Duration::from_secs(120),
+        ..IdlePolicy::default()
+    };
+    let b = TransferEngine::builder()
+        .idle_policy(idle)
+        .group(VerbsDomain::open_many(&cfg, 1).unwrap())
+        .build()
+        .unwrap();
+    let a = engine(&cfg, 1);
+    let dst = b.alloc_host(4096, 0).unwrap();
+    let src = a.alloc_host(4096, 0).unwrap();
+    src.write_at(0, &pattern(64, 9)).unwrap();
+    let t = target(&a, b.address(), dst.remote().clone());
+    write(&a, &src, &t, 64, Some(1)).unwrap();
+    b.wait_imm(1, 1, GUARD).unwrap();
+
+    std::thread::sleep(NAP);
+    let (blocked, parked) = b.idle_stats()[0];
+    assert!(
+        blocked > 0 && parked == 0,
+        "idle worker: blocked {blocked}, parked {parked}"
+    );
+    let t0 = Instant::now();
+    write(&a, &src, &t, 64, Some(2)).unwrap();
+    b.wait_imm(2, 1, WAKE).unwrap();
+    let imm_wake = t0.elapsed();
+
+    // Asleep again (a new block), then a peer it has never seen says hello.
+    std::thread::sleep(NAP);
+    let (again, parked) = b.idle_stats()[0];
+    assert!(
+        again > blocked && parked == 0,
+        "idle worker: blocked {blocked} then {again}, parked {parked}"
+    );
+    let c = engine(&cfg, 1);
+    let src_c = c.alloc_host(4096, 0).unwrap();
+    let t0 = Instant::now();
+    let tc = target(&c, b.address(), dst.remote().clone());
+    c.write(WriteRequest {
+        src: &src_c,
+        src_offset: 0,
+        dst: &tc,
+        dst_offset: 0,
+        len: 64,
+        imm: Some(3),
+    })
+    .unwrap()
+    .wait_timeout(WAKE)
+    .unwrap();
+    b.wait_imm(3, 1, WAKE).unwrap();
+    let hello_wake = t0.elapsed();
+    eprintln!("woken by an immediate in {imm_wake:?}, by a new peer's handshake in {hello_wake:?}");
+    assert!(imm_wake < WAKE && hello_wake < WAKE);
+    assert_eq!(b.idle_stats()[0].1, 0, "the worker never parked");
 }
 
 // ---------------------------------------------------------------- two processes

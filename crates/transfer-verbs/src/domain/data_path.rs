@@ -305,19 +305,25 @@ impl VerbsDomain {
         Ok(())
     }
 
-    pub(super) fn poll_cq(&mut self) {
+    /// Reaps and handles completions of the data CQ; returns how many.
+    pub(super) fn poll_cq(&mut self) -> usize {
+        let mut reaped = 0;
         for _ in 0..16 {
             // SAFETY: live CQ; the buffer has room for its length.
             let n = unsafe { datapath::poll_cq(self.cq.as_ptr(), &mut self.wcs) };
-            let Ok(n) = usize::try_from(n) else { return };
+            let Ok(n) = usize::try_from(n) else {
+                return reaped;
+            };
             let n = n.min(self.wcs.len());
+            reaped += n;
             for i in 0..n {
                 let wc = self.wcs[i];
                 self.on_wc(wc);
             }
             if n < self.wcs.len() {
-                return;
+                return reaped;
             }
         }
+        reaped
     }
 }

@@ -3,7 +3,10 @@
 //! Resources: one PD; one CQ shared by every RC QP and both SRQs; a message
 //! SRQ (receive buffers posted by the engine) and an RMA SRQ of zero-length
 //! receives that absorb writes-with-immediate (reposted as consumed); one
-//! UD QP (with its own CQ) for the handshake; two RC QPs per peer.
+//! UD QP (with its own CQ) for the handshake; two RC QPs per peer. Both
+//! CQs report on one completion channel, whose descriptor is the domain's
+//! [`Domain::wait_fd`]: an idle worker sleeps on it and wakes on any
+//! completion, a handshake included.
 //!
 //! `resolve_peer` is synchronous but connecting is not: it returns a
 //! [`PeerId`] at once and starts the UD handshake; work submitted for the
@@ -28,7 +31,7 @@ use crate::handshake::{self, WireAddress};
 use crate::peer::{MSG, Peer, RMA, State};
 use crate::qp::Path;
 use crate::rdma_op::{SendChain, Work, WorkKind, WriteSpec, expand_writes, wr_id};
-use crate::resources::{Context, Cq, Mr, Pd, Srq, ThreadDomain};
+use crate::resources::{CompChannel, Context, Cq, Mr, Pd, Srq, ThreadDomain};
 use crate::sys::ibv_wc;
 use crate::ud::UdEndpoint;
 
@@ -49,7 +52,8 @@ enum SendBuf {
 /// One verbs device port. See the module documentation.
 ///
 /// Field order is drop order: peers' QPs, the UD endpoint, SRQs, memory
-/// registrations, the CQ, the PD, then the device context; buffers last.
+/// registrations, the CQ, the completion channel (after every CQ on it),
+/// the PD, then the device context; buffers last.
 pub struct VerbsDomain {
     peers: HashMap<u64, Peer>,
     ud: UdEndpoint,
@@ -59,6 +63,12 @@ pub struct VerbsDomain {
     send_bufs: HashMap<u64, SendBuf>,
     slot_mr: Mr,
     cq: Cq,
+    /// Where `cq` and the UD CQ report; `None` when the library or
+    /// provider has none (idle workers then park on timers).
+    channel: Option<CompChannel>,
+    /// Set when a CQ could not be armed: the channel is kept (its CQs use
+    /// it) but no longer offered as a wait descriptor.
+    wait_disabled: bool,
     /// Thread domain + parent domain for the RC QPs, when the provider has them.
     td: Option<ThreadDomain>,
     pd: Pd,
@@ -159,13 +169,21 @@ impl VerbsDomain {
             .saturating_add(msg_cap)
             .saturating_add(sq_depth.saturating_mul(2));
         let cq_req = cfg.cq_depth.max(need).min(dev.max_cqe.max(1));
-        let cq = Cq::create(&ctx, cq_req)?;
+        let channel = CompChannel::create(&ctx);
+        let cq = Cq::create(&ctx, cq_req, channel.as_ref())?;
         let room = cq.depth().saturating_sub(msg_cap + 2 * sq_depth).max(1);
         let rma_cap = cfg.rma_srq_depth.clamp(1, srq_cap).min(room);
         let rma_srq = Srq::create(&pd, rma_cap, 1)?;
         let msg_srq = Srq::create(&pd, msg_cap, 1)?;
         let qkey = rand::random::<u32>() & 0x7fff_ffff;
-        let ud = UdEndpoint::new(&ctx, &pd, path, qkey, rand::random::<u32>() & 0x00ff_ffff)?;
+        let ud = UdEndpoint::new(
+            &ctx,
+            &pd,
+            path,
+            qkey,
+            rand::random::<u32>() & 0x00ff_ffff,
+            channel.as_ref(),
+        )?;
         let slot_size = cfg.send_slot_size.max(64);
         let slots = cfg.send_slots.max(1);
         let slot_buf = HostBuffer::new(slot_size * slots)?;
@@ -190,6 +208,8 @@ impl VerbsDomain {
             send_bufs: HashMap::new(),
             slot_mr,
             cq,
+            channel,
+            wait_disabled: false,
             td,
             pd,
             ctx,
@@ -532,6 +552,38 @@ impl Domain for VerbsDomain {
             self.scratch_pids = pids;
         }
         events.append(&mut self.ready);
+    }
+
+    fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
+        if self.wait_disabled {
+            return None;
+        }
+        self.channel.as_ref().map(CompChannel::fd)
+    }
+
+    fn prepare_wait(&mut self) -> bool {
+        let Some(channel) = &self.channel else {
+            return true;
+        };
+        if !self.ready.is_empty() || !self.hellos.is_empty() {
+            return false;
+        }
+        // Events already queued only say "look at the CQ": this pass is
+        // about to, so drop them (acknowledged) before arming again, or the
+        // descriptor would stay readable and the worker never sleep.
+        channel.drain();
+        if !(self.cq.arm() && self.ud.cq().arm()) {
+            // Cannot arm: blocking could miss arrivals. Stop offering the
+            // descriptor (the worker parks on timers from the next sleep)
+            // and poll now.
+            self.wait_disabled = true;
+            return false;
+        }
+        // Completions that landed before arming raise no event: reap them
+        // now (events for the next `poll`, hellos handled there) and stay
+        // awake; an empty poll means anything later will wake the worker.
+        let reaped = self.ud.poll(&mut self.hellos) + self.poll_cq();
+        reaped == 0 && self.ready.is_empty()
     }
 
     fn has_pending(&self) -> bool {

@@ -74,3 +74,19 @@ pub unsafe fn poll_cq(cq: *mut ibv_cq, wc: &mut [ibv_wc]) -> c_int {
         None => -libc::EOPNOTSUPP,
     }
 }
+
+/// `ibv_req_notify_cq`: `cq->context->ops.req_notify_cq(cq, solicited_only)`;
+/// arms the CQ so that its next completion queues one event on its channel.
+/// Returns 0 on success.
+///
+/// # Safety
+/// `cq` is live and was created with a completion channel.
+pub unsafe fn req_notify_cq(cq: *mut ibv_cq, solicited_only: bool) -> c_int {
+    // SAFETY: caller guarantees `cq` is live.
+    let f = unsafe { (*(*cq).context).ops.req_notify_cq };
+    match f {
+        // SAFETY: provider entry point with the verbs.h prototype.
+        Some(f) => unsafe { f(cq, c_int::from(solicited_only)) },
+        None => libc::EOPNOTSUPP,
+    }
+}

@@ -67,6 +67,20 @@ pub struct Verbs {
     pub create_ah: unsafe extern "C" fn(*mut ibv_pd, *mut ibv_ah_attr) -> *mut ibv_ah,
     pub destroy_ah: unsafe extern "C" fn(*mut ibv_ah) -> c_int,
     pub wc_status_str: unsafe extern "C" fn(c_int) -> *const c_char,
+    /// The completion-channel verbs; `None` when the library lacks any of
+    /// them (workers then park on timers instead of blocking).
+    pub channel: Option<ChannelVerbs>,
+}
+
+/// `ibv_create_comp_channel`, `ibv_destroy_comp_channel`, `ibv_get_cq_event`
+/// and `ibv_ack_cq_events`: what a domain needs to sleep on its CQs.
+#[allow(missing_docs)]
+pub struct ChannelVerbs {
+    pub create: unsafe extern "C" fn(*mut ibv_context) -> *mut ibv_comp_channel,
+    pub destroy: unsafe extern "C" fn(*mut ibv_comp_channel) -> c_int,
+    pub get_event:
+        unsafe extern "C" fn(*mut ibv_comp_channel, *mut *mut ibv_cq, *mut *mut c_void) -> c_int,
+    pub ack: unsafe extern "C" fn(*mut ibv_cq, c_uint),
 }
 
 static VERBS: OnceLock<Result<Verbs, String>> = OnceLock::new();
@@ -111,6 +125,21 @@ fn load() -> Result<Verbs, String> {
                 .map(|s| *s)
         }};
     }
+    // All four or none: blocking waits need every one of them.
+    let channel = match (
+        opt_sym!("ibv_create_comp_channel"),
+        opt_sym!("ibv_destroy_comp_channel"),
+        opt_sym!("ibv_get_cq_event"),
+        opt_sym!("ibv_ack_cq_events"),
+    ) {
+        (Some(create), Some(destroy), Some(get_event), Some(ack)) => Some(ChannelVerbs {
+            create,
+            destroy,
+            get_event,
+            ack,
+        }),
+        _ => None,
+    };
     Ok(Verbs {
         get_device_list: sym!("ibv_get_device_list"),
         free_device_list: sym!("ibv_free_device_list"),
@@ -137,6 +166,7 @@ fn load() -> Result<Verbs, String> {
         create_ah: sym!("ibv_create_ah"),
         destroy_ah: sym!("ibv_destroy_ah"),
         wc_status_str: sym!("ibv_wc_status_str"),
+        channel,
         _lib: lib,
     })
 }

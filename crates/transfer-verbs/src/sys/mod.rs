@@ -6,5 +6,5 @@ pub mod extended;
 pub mod loader;
 pub mod types;
 
-pub use loader::{INSTALL_HINT, LIBRARY, Verbs, available, verbs};
+pub use loader::{ChannelVerbs, INSTALL_HINT, LIBRARY, Verbs, available, verbs};
 pub use types::*;

@@ -16,10 +16,13 @@ pub struct ibv_device {
     _opaque: [u8; 0],
 }
 
-/// Opaque `struct ibv_comp_channel`.
+/// `struct ibv_comp_channel`: the completion event channel; `fd` is what a
+/// sleeping worker polls.
 #[repr(C)]
 pub struct ibv_comp_channel {
-    _opaque: [u8; 0],
+    pub context: *mut ibv_context,
+    pub fd: c_int,
+    pub refcnt: c_int,
 }
 
 /// Opaque `struct ibv_ah`.
@@ -30,6 +33,7 @@ pub struct ibv_ah {
 
 pub type PollCqFn =
     unsafe extern "C" fn(cq: *mut ibv_cq, num_entries: c_int, wc: *mut ibv_wc) -> c_int;
+pub type ReqNotifyCqFn = unsafe extern "C" fn(cq: *mut ibv_cq, solicited_only: c_int) -> c_int;
 pub type PostSendFn = unsafe extern "C" fn(
     qp: *mut ibv_qp,
     wr: *mut ibv_send_wr,
@@ -62,7 +66,7 @@ pub struct ibv_context_ops {
     pub dealloc_mw: *mut c_void,
     pub _compat_create_cq: *mut c_void,
     pub poll_cq: Option<PollCqFn>,
-    pub req_notify_cq: *mut c_void,
+    pub req_notify_cq: Option<ReqNotifyCqFn>,
     pub _compat_cq_event: *mut c_void,
     pub _compat_resize_cq: *mut c_void,
     pub _compat_destroy_cq: *mut c_void,
@@ -543,9 +547,12 @@ const _: () = {
     assert!(size_of::<ibv_context>() == 328);
     assert!(offset_of!(ibv_context, ops) == 8);
     assert!(offset_of!(ibv_context_ops, poll_cq) == 88);
+    assert!(offset_of!(ibv_context_ops, req_notify_cq) == 96);
     assert!(offset_of!(ibv_context_ops, post_srq_recv) == 160);
     assert!(offset_of!(ibv_context_ops, post_send) == 200);
     assert!(offset_of!(ibv_context_ops, post_recv) == 208);
+    assert!(size_of::<ibv_comp_channel>() == 16);
+    assert!(offset_of!(ibv_comp_channel, fd) == 8);
     assert!(size_of::<ibv_pd>() == 16);
     assert!(size_of::<ibv_mr>() == 48);
     assert!(size_of::<ibv_cq>() == 128);
@@ -598,8 +605,10 @@ mod header_layout {
             size ibv_send_wr, size ibv_recv_wr, size ibv_qp_cap, size ibv_qp_init_attr,
             size ibv_qp_attr, size ibv_ah_attr, size ibv_global_route, size ibv_srq_attr,
             size ibv_srq_init_attr, size ibv_gid_entry,
-            size ibv_td_init_attr, size ibv_parent_domain_init_attr,
+            size ibv_td_init_attr, size ibv_parent_domain_init_attr, size ibv_comp_channel,
+            offset ibv_comp_channel.fd,
             offset ibv_context.ops, offset ibv_context_ops.poll_cq,
+            offset ibv_context_ops.req_notify_cq,
             offset ibv_context_ops.post_srq_recv, offset ibv_context_ops.post_send,
             offset ibv_context_ops.post_recv, offset ibv_qp.qp_num,
             offset ibv_wc.imm_data, offset ibv_wc.qp_num, offset ibv_wc.wc_flags,
