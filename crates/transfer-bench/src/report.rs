@@ -37,10 +37,16 @@ fn verdict(r: &Row) -> &'static str {
 /// Renders the results as a fixed-width table.
 pub fn table(res: &Results) -> String {
     let mut out = String::new();
+    // Native verbs runs have no libfabric version to show.
+    let library = if res.libfabric.is_empty() {
+        String::new()
+    } else {
+        format!(" (libfabric {})", res.libfabric)
+    };
     let _ = writeln!(
         out,
-        "transfer-bench: provider {} (libfabric {}), {} mode, {}",
-        res.provider, res.libfabric, res.mode, res.layout
+        "transfer-bench: provider {}{library}, {} mode, {}",
+        res.provider, res.mode, res.layout
     );
     let _ = writeln!(
         out,

@@ -83,9 +83,13 @@ pub fn drive(
         percent_of_core: p,
         policy: idle_policy().to_string(),
     });
-    let libfabric = transfer_efa::Library::load()
-        .map(|l| l.version_string())
-        .unwrap_or_default();
+    // Only a libfabric run has a libfabric version worth reporting.
+    let libfabric = match opts.family() {
+        Ok(transfer::BackendFamily::Verbs) => String::new(),
+        _ => transfer_efa::Library::load()
+            .map(|l| l.version_string())
+            .unwrap_or_default(),
+    };
     let res = Results {
         schema: SCHEMA_VERSION,
         provider: d.provider.clone(),
