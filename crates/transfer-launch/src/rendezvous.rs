@@ -103,7 +103,7 @@ pub fn gather(
     opts: &Options,
 ) -> Result<Vec<Vec<u8>>> {
     check_world(world_size, &opts.limits)?;
-    check_blob(blob.len(), &opts.limits)?;
+    wire::check_blob(blob.len(), &opts.limits)?;
     let deadline = Instant::now() + opts.timeout;
     let mut blobs: Vec<Option<Vec<u8>>> = vec![None; world_size];
     blobs[0] = Some(blob.to_vec());
@@ -437,24 +437,14 @@ fn short_list(ranks: &[usize]) -> String {
     }
 }
 
+/// A world of at least one rank, within the limits (the wire's check).
 fn check_world(n: usize, limits: &Limits) -> Result<()> {
-    if n == 0 || n > limits.max_world {
+    if n == 0 {
         return Err(LaunchError::Limit {
             what: "world size",
-            value: n as u64,
+            value: 0,
             max: limits.max_world as u64,
         });
     }
-    Ok(())
-}
-
-fn check_blob(n: usize, limits: &Limits) -> Result<()> {
-    if n > limits.max_blob {
-        return Err(LaunchError::Limit {
-            what: "blob length",
-            value: n as u64,
-            max: limits.max_blob as u64,
-        });
-    }
-    Ok(())
+    wire::check_world(n, limits)
 }

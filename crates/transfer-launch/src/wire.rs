@@ -214,37 +214,28 @@ pub fn decode_reply(body: &[u8], limits: &Limits) -> Result<Reply> {
     Ok(reply)
 }
 
+/// Refuses `value` above `max`, naming `what`.
+fn at_most(what: &'static str, value: usize, max: usize) -> Result<()> {
+    if value > max {
+        return Err(LaunchError::Limit {
+            what,
+            value: value as u64,
+            max: max as u64,
+        });
+    }
+    Ok(())
+}
+
 fn check_token(token: &str) -> Result<()> {
-    if token.len() > MAX_TOKEN {
-        return Err(LaunchError::Limit {
-            what: "job token length",
-            value: token.len() as u64,
-            max: MAX_TOKEN as u64,
-        });
-    }
-    Ok(())
+    at_most("job token length", token.len(), MAX_TOKEN)
 }
 
-fn check_blob(len: usize, limits: &Limits) -> Result<()> {
-    if len > limits.max_blob {
-        return Err(LaunchError::Limit {
-            what: "blob length",
-            value: len as u64,
-            max: limits.max_blob as u64,
-        });
-    }
-    Ok(())
+pub(crate) fn check_blob(len: usize, limits: &Limits) -> Result<()> {
+    at_most("blob length", len, limits.max_blob)
 }
 
-fn check_world(n: usize, limits: &Limits) -> Result<()> {
-    if n > limits.max_world {
-        return Err(LaunchError::Limit {
-            what: "world size",
-            value: n as u64,
-            max: limits.max_world as u64,
-        });
-    }
-    Ok(())
+pub(crate) fn check_world(n: usize, limits: &Limits) -> Result<()> {
+    at_most("world size", n, limits.max_world)
 }
 
 /// Cuts `s` to at most `max` bytes on a character boundary.
