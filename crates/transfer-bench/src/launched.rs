@@ -16,22 +16,15 @@ use transfer_launch::{LaunchInfo, Options};
 
 use crate::backend::BackendOpts;
 use crate::error::{BenchError, Result, io, protocol};
-use crate::plan::{Mode, Plan};
+use crate::plan::{ModeArgs, Plan};
 
 /// `transfer-bench launch` options (the same on every rank).
 #[derive(clap::Args)]
 pub struct LaunchCmd {
     #[command(flatten)]
     pub(crate) common: crate::Common,
-    /// smoke, quick, default or full.
-    #[arg(long, value_enum, default_value_t = Mode::Default)]
-    mode: Mode,
-    /// Shorthand for --mode quick.
-    #[arg(long)]
-    quick: bool,
-    /// Shorthand for --mode full.
-    #[arg(long)]
-    full: bool,
+    #[command(flatten)]
+    mode: ModeArgs,
     /// Engines per server rank (each is one scatter / barrier peer).
     #[arg(long, default_value_t = 1)]
     engines: usize,
@@ -49,15 +42,8 @@ pub struct LaunchCmd {
 impl LaunchCmd {
     /// The resolved arguments.
     pub fn args(&self) -> LaunchArgs {
-        let mode = if self.quick {
-            Mode::Quick
-        } else if self.full {
-            Mode::Full
-        } else {
-            self.mode
-        };
         LaunchArgs {
-            plan: Plan::new(mode),
+            plan: Plan::new(self.mode.mode()),
             engines: self.engines.max(1),
             out: self.out.clone(),
             rendezvous_timeout: secs(self.rendezvous_timeout),

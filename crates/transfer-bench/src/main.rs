@@ -35,7 +35,7 @@ use transfer_core::Domain;
 
 use crate::backend::BackendOpts;
 use crate::error::{Result, io};
-use crate::plan::{Mode, Plan};
+use crate::plan::{Mode, ModeArgs, Plan};
 
 #[derive(Parser)]
 #[command(
@@ -91,15 +91,8 @@ enum Cmd {
     Local {
         #[command(flatten)]
         common: Common,
-        /// quick, default or full.
-        #[arg(long, value_enum, default_value_t = Mode::Default)]
-        mode: Mode,
-        /// Shorthand for --mode quick.
-        #[arg(long)]
-        quick: bool,
-        /// Shorthand for --mode full.
-        #[arg(long)]
-        full: bool,
+        #[command(flatten)]
+        mode: ModeArgs,
         /// Engines in the server process (the G of scatter and barrier).
         #[arg(long, default_value_t = 4)]
         peers: usize,
@@ -161,20 +154,9 @@ fn real_main(cli: Cli) -> Result<()> {
         Cmd::Local {
             common,
             mode,
-            quick,
-            full,
             peers,
             out,
-        } => {
-            let mode = if quick {
-                Mode::Quick
-            } else if full {
-                Mode::Full
-            } else {
-                mode
-            };
-            local::run(&common.opts()?, &Plan::new(mode), peers.max(1), &out).map(|_| ())
-        }
+        } => local::run(&common.opts()?, &Plan::new(mode.mode()), peers.max(1), &out).map(|_| ()),
         Cmd::Serve {
             common,
             listen,

@@ -147,3 +147,30 @@ pub fn human_size(n: u64) -> String {
         format!("{n} B")
     }
 }
+
+/// `--mode` and its shorthands, shared by the commands that take them.
+#[derive(clap::Args, Debug, Clone, Copy)]
+pub struct ModeArgs {
+    /// smoke, quick, default or full.
+    #[arg(long, value_enum, default_value_t = Mode::Default)]
+    mode: Mode,
+    /// Shorthand for --mode quick.
+    #[arg(long)]
+    quick: bool,
+    /// Shorthand for --mode full.
+    #[arg(long)]
+    full: bool,
+}
+
+impl ModeArgs {
+    /// The mode asked for (a shorthand wins over `--mode`).
+    pub fn mode(&self) -> Mode {
+        if self.quick {
+            Mode::Quick
+        } else if self.full {
+            Mode::Full
+        } else {
+            self.mode
+        }
+    }
+}
