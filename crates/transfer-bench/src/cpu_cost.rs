@@ -7,14 +7,13 @@
 use std::time::Duration;
 
 use indicatif::ProgressBar;
-use transfer_core::WriteRequest;
 
 use crate::driver::Driver;
 use crate::error::{Result, protocol};
 use crate::plan::{Plan, human_size};
 use crate::proto::{Request, Response};
 use crate::results::{Metric, Row};
-use crate::sweeps::{REPEATS, windowed};
+use crate::sweeps::{REPEATS, timed_writes};
 
 /// CPU time of this process and of server 0's.
 fn both_sides(d: &mut Driver) -> Result<Duration> {
@@ -81,19 +80,7 @@ fn point(d: &mut Driver, p: &Point) -> Result<Row> {
     for _ in 0..REPEATS {
         d.fresh_pattern(p.size)?;
         let c0 = both_sides(d)?;
-        windowed(p.window, p.count, |_, n| {
-            Ok(d.engine.submit_write(
-                WriteRequest {
-                    src: &src,
-                    src_offset: 0,
-                    dst: &t,
-                    dst_offset: 0,
-                    len: p.size,
-                    imm,
-                },
-                n,
-            )?)
-        })?;
+        timed_writes(d, &t, p.window, p.count, p.size, imm)?;
         if let Some(imm) = imm {
             // Counted by the receiver: its share of the work is in the figure.
             d.remote_wait_imm(0, vec![0], imm, p.count as u64)?;

@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use indicatif::ProgressBar;
 use transfer_core::{
-    DoneFlag, Notify, PagedWriteRequest, Pages, Pending, Slice, WriteRequest, WriteShape,
+    DoneFlag, Notify, PagedWriteRequest, Pages, Pending, RemoteTarget, Slice, WriteRequest,
+    WriteShape,
 };
 
 use crate::backend::GUARD;
@@ -63,6 +64,32 @@ pub(crate) fn windowed(
         wait_pending(p)?;
     }
     Ok(start.elapsed())
+}
+
+/// `count` writes of `len` bytes from the start of the driver's source to
+/// the start of `t` (each with `imm` when set), `window` in flight; returns
+/// the time from the first submit to the last completion.
+pub(crate) fn timed_writes(
+    d: &Driver,
+    t: &RemoteTarget,
+    window: usize,
+    count: usize,
+    len: u64,
+    imm: Option<u32>,
+) -> Result<Duration> {
+    windowed(window, count, |_, n| {
+        Ok(d.engine.submit_write(
+            WriteRequest {
+                src: &d.src,
+                src_offset: 0,
+                dst: t,
+                dst_offset: 0,
+                len,
+                imm,
+            },
+            n,
+        )?)
+    })
 }
 
 fn wait_pending(p: Pending) -> Result<()> {
@@ -123,9 +150,7 @@ pub fn write_bandwidth(d: &mut Driver, plan: &Plan, pb: &ProgressBar) -> Result<
             // A pattern the warm-up (or the previous repeat) did not leave
             // at the destination: the check after the run sees these writes.
             d.fresh_pattern(size)?;
-            let el = windowed(plan.window, count, |_, n| {
-                Ok(d.engine.submit_write(req(None), n)?)
-            })?;
+            let el = timed_writes(d, &t, plan.window, count, size, None)?;
             d.verify_prefix("write_bw", size)?;
             engine.push(bw(bytes, el));
             let r = d.raw_point("write_bw", size as usize, count, plan.window, None)?;
@@ -202,25 +227,12 @@ pub fn imm_rate(d: &mut Driver, plan: &Plan, pb: &ProgressBar) -> Result<Vec<Row
     let t = d.first()?;
     let imm = d.imm();
     let size = 64u64;
-    let src = d.src.clone();
     let window = plan.window * 4;
     let rate = |e: Duration| plan.imm_count as f64 / e.as_secs_f64().max(1e-9);
     let (mut engine, mut raw) = (Vec::new(), Vec::new());
     for _ in 0..REPEATS {
         d.fresh_pattern(size)?;
-        let el = windowed(window, plan.imm_count, |_, n| {
-            Ok(d.engine.submit_write(
-                WriteRequest {
-                    src: &src,
-                    src_offset: 0,
-                    dst: &t,
-                    dst_offset: 0,
-                    len: size,
-                    imm: Some(imm),
-                },
-                n,
-            )?)
-        })?;
+        let el = timed_writes(d, &t, window, plan.imm_count, size, Some(imm))?;
         d.remote_wait_imm(0, vec![0], imm, plan.imm_count as u64)?;
         d.verify_prefix("imm_rate", size)?;
         engine.push(rate(el));
