@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use crate::error::{Result, TransferError};
 use crate::oneshot;
-use crate::progress::CallerProgress;
+use crate::progress::{CallerProgress, drive_for, poll_driving};
 
 /// Set when the pending's transfer went to a caller-driven engine: waiting
 /// on it must drive that engine's NICs.
@@ -93,19 +93,13 @@ impl Pending {
 
     /// Blocks up to `timeout`; a timeout is an error (the transfer goes on).
     pub fn wait_timeout(self, timeout: Duration) -> Result<()> {
-        let timeout = match self.1.get() {
-            Some(c) => {
-                match c.wait_until("Pending::wait_timeout", Some(timeout), || {
-                    self.0.is_settled()
-                }) {
-                    // Settled (or timed out: the zero wait below says so).
-                    Ok(()) | Err(TransferError::Timeout { .. }) => Duration::ZERO,
-                    Err(e) => return Err(e),
-                }
-            }
-            None => timeout,
-        };
-        match self.0.wait_timeout(timeout) {
+        let block = drive_for(
+            self.1.get().map(|c| &**c),
+            "Pending::wait_timeout",
+            timeout,
+            &self.0,
+        )?;
+        match self.0.wait_timeout(block) {
             Ok(r) => r,
             Err(_) => Err(TransferError::Timeout {
                 call: "Pending::wait_timeout",
@@ -119,20 +113,12 @@ impl Future for Pending {
     type Output = Result<()>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let caller = self.1.get().cloned();
-        if let Some(c) = &caller {
-            c.progress();
-        }
-        let polled = Pin::new(&mut self.0).poll(cx).map(|r| {
+        let this = &mut *self;
+        poll_driving(this.1.get().map(|c| &**c), Pin::new(&mut this.0), cx).map(|r| {
             r.unwrap_or(Err(TransferError::Shutdown {
                 call: "Pending::poll",
             }))
-        });
-        if polled.is_pending() && caller.is_some() {
-            // Only callers move a caller-driven engine: ask to be polled again.
-            cx.waker().wake_by_ref();
-        }
-        polled
+        })
     }
 }
 

@@ -18,7 +18,9 @@ use crate::job::{Job, SpanJob};
 use crate::memory::{MemoryLocation, MemorySpan, RemoteRegion};
 use crate::oneshot;
 use crate::peer::{Peer, PeerGroup, PeerInner, RemoteTarget};
-use crate::progress::{CallerProgress, InlineWorker, ProgressHandle, ProgressMode, in_pass};
+use crate::progress::{
+    CallerProgress, InlineWorker, ProgressHandle, ProgressMode, drive_for, in_pass, poll_driving,
+};
 use crate::recv_pool::{RecvCallback, RecvPool};
 use crate::region::{HostBuffer, LocalRegion, RegionInner};
 use crate::request::{
@@ -805,18 +807,12 @@ impl TransferEngine {
         self.deliver_all(fired);
         // A caller-driven wait drives the NICs itself; its timeout is
         // handled by the withdrawal below like a blocking wait's, any other
-        // refusal (a wait inside a receive callback) is returned as is.
-        let refused = self.caller.as_ref().and_then(|caller| {
-            caller
-                .wait_until("wait_imm", Some(timeout), || rx.is_settled())
-                .err()
-                .filter(|e| !matches!(e, TransferError::Timeout { .. }))
-        });
-        match rx.wait_timeout(if self.caller.is_some() {
-            Duration::ZERO
-        } else {
-            timeout
-        }) {
+        // refusal (a wait inside a receive callback) is returned after it.
+        let (block, refused) = match drive_for(self.caller.as_deref(), "wait_imm", timeout, &rx) {
+            Ok(block) => (block, None),
+            Err(e) => (Duration::ZERO, Some(e)),
+        };
+        match rx.wait_timeout(block) {
             Ok(()) => Ok(()),
             Err(rx) => {
                 let mut fired = Vec::new();
@@ -929,16 +925,10 @@ impl std::future::Future for ImmFuture {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Self::Output> {
-        if let Some(c) = &self.caller {
-            c.progress();
-        }
-        let polled = std::pin::Pin::new(&mut self.rx).poll(cx);
+        let this = &mut *self;
+        let polled = poll_driving(this.caller.as_deref(), std::pin::Pin::new(&mut this.rx), cx);
         if polled.is_ready() {
-            self.done = true;
-        } else if self.caller.is_some() {
-            // Nothing wakes a caller-driven engine but its callers: ask to
-            // be polled again (a busy-polling future, as in UCX's model).
-            cx.waker().wake_by_ref();
+            this.done = true;
         }
         polled.map(|r| r.ok_or(TransferError::Shutdown { call: "imm_future" }))
     }

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use crate::callbacks::CallbackQueue;
 use crate::error::{Result, TransferError};
+use crate::oneshot;
 
 /// How an engine's domain groups make progress.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -232,6 +233,44 @@ impl std::fmt::Debug for ProgressHandle {
             .field("groups", &self.0.slots.len())
             .finish()
     }
+}
+
+/// How long a waiter may still block on `rx` after driving `caller` (when
+/// set) up to `timeout`: all of `timeout` without a caller; zero with one
+/// (settled, or the time is up: the waiter's own zero wait tells which).
+/// A refusal other than the timeout (a wait inside a receive callback) is
+/// returned.
+pub(crate) fn drive_for<T>(
+    caller: Option<&CallerProgress>,
+    call: &'static str,
+    timeout: Duration,
+    rx: &oneshot::Receiver<T>,
+) -> Result<Duration> {
+    let Some(c) = caller else {
+        return Ok(timeout);
+    };
+    match c.wait_until(call, Some(timeout), || rx.is_settled()) {
+        Ok(()) | Err(TransferError::Timeout { .. }) => Ok(Duration::ZERO),
+        Err(e) => Err(e),
+    }
+}
+
+/// Polls `rx` as a future, driving `caller` first when set. Nothing wakes
+/// a caller-driven engine but its callers, so such a future that is not
+/// ready asks to be polled again (a busy-polling future, as in UCX's model).
+pub(crate) fn poll_driving<T>(
+    caller: Option<&CallerProgress>,
+    rx: std::pin::Pin<&mut oneshot::Receiver<T>>,
+    cx: &mut std::task::Context<'_>,
+) -> std::task::Poll<Option<T>> {
+    if let Some(c) = caller {
+        c.progress();
+    }
+    let polled = std::future::Future::poll(rx, cx);
+    if polled.is_pending() && caller.is_some() {
+        cx.waker().wake_by_ref();
+    }
+    polled
 }
 
 /// Whether this thread is inside a pass (a receive callback).
