@@ -5,7 +5,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use indicatif::ProgressBar;
 use transfer_core::{
@@ -18,8 +18,8 @@ use crate::driver::Driver;
 use crate::error::{BenchError, Result, protocol};
 use crate::plan::{Plan, human_size};
 use crate::proto::{Request, Response};
-use crate::results::{Figure, Metric, Row};
-use crate::stats;
+use crate::results::{Metric, Row};
+use crate::sweeps::{fig, lat_fig};
 use crate::verify::checksum;
 
 /// Receive buffers of the caller-driven engines (one message in flight).
@@ -161,14 +161,6 @@ pub fn serve_phase(
     let mut landed = [0u8; 8];
     side.region.read_at(WRITE_OFFSET, &mut landed)?;
     Ok(checksum(&landed))
-}
-
-fn lat_fig(samples: &[Duration]) -> Figure {
-    let l = stats::latency(samples);
-    Figure {
-        value: l.map_or(f64::NAN, |l| l.p50_us),
-        latency: l,
-    }
 }
 
 /// The caller-progress latency rows: 0-byte immediate ping-pong, 8 B write
@@ -330,13 +322,6 @@ fn measure(d: &mut Driver, side: &CallerDriver, plan: &Plan, pb: &ProgressBar) -
         r.verified = true;
     }
     Ok(rows)
-}
-
-fn fig(value: f64) -> Figure {
-    Figure {
-        value,
-        latency: None,
-    }
 }
 
 /// The driver's caller-driven engine and the server's, as a target.

@@ -25,14 +25,14 @@ fn bw(bytes: u64, d: Duration) -> f64 {
     bytes as f64 / d.as_secs_f64().max(1e-9)
 }
 
-fn fig(value: f64) -> Figure {
+pub(crate) fn fig(value: f64) -> Figure {
     Figure {
         value,
         latency: None,
     }
 }
 
-fn lat_fig(samples: &[Duration]) -> Figure {
+pub(crate) fn lat_fig(samples: &[Duration]) -> Figure {
     let l = stats::latency(samples);
     Figure {
         value: l.map_or(f64::NAN, |l| l.p50_us),
