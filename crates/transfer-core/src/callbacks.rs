@@ -27,7 +27,8 @@ pub(crate) struct CallbackQueue {
 
 impl CallbackQueue {
     /// A queue without a thread, drained by [`CallbackQueue::run_pending`]
-    /// (caller-driven engines run callbacks inside `progress`).
+    /// (caller-driven engines run callbacks inside `progress`; the callback
+    /// thread starts from one).
     pub(crate) fn inline() -> Arc<Self> {
         Arc::new(Self {
             jobs: SegQueue::new(),
@@ -84,11 +85,7 @@ pub(crate) struct CallbackThread {
 
 impl CallbackThread {
     pub(crate) fn spawn(name: String) -> std::io::Result<Self> {
-        let queue = Arc::new(CallbackQueue {
-            jobs: SegQueue::new(),
-            stop: AtomicBool::new(false),
-            thread: std::sync::OnceLock::new(),
-        });
+        let queue = CallbackQueue::inline();
         let q = queue.clone();
         let handle = thread::Builder::new().name(name).spawn(move || run(&q))?;
         let _ = queue.thread.set(handle.thread().clone());

@@ -71,16 +71,12 @@ impl WorkerQueue {
     pub(crate) fn push(&self, mut job: Job, callbacks: &CallbackQueue) -> Result<()> {
         let mut spins = 0u32;
         loop {
-            if self.stopped.load(Ordering::Acquire) {
-                job.fail(TransferError::Shutdown { call: "submit" }, callbacks);
-                return Err(TransferError::Shutdown { call: "submit" });
-            }
-            match self.jobs.push(job) {
-                Ok(()) => {
+            match self.try_push(job, callbacks)? {
+                None => {
                     self.wake();
                     return Ok(());
                 }
-                Err(j) => {
+                Some(j) => {
                     job = j;
                     self.wake();
                     spins += 1;
