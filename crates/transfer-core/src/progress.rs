@@ -17,7 +17,7 @@
 
 use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::{Arc, Mutex, TryLockError};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
 use crate::callbacks::CallbackQueue;
@@ -85,15 +85,22 @@ impl Drop for PassGuard {
 
 type Slot = Mutex<Option<Box<dyn InlineWorker>>>;
 
+/// The slot, unless another thread is in a pass on it.
+fn try_slot(slot: &Slot) -> Option<MutexGuard<'_, Option<Box<dyn InlineWorker>>>> {
+    match slot.try_lock() {
+        Ok(g) => Some(g),
+        // A panic in a user receive callback is caught inside the pass; a
+        // poisoned slot still holds consistent state.
+        Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(TryLockError::WouldBlock) => None,
+    }
+}
+
 /// One pass of the group in `slot` unless another caller is in one (then
 /// that caller does the work). Returns whether anything happened.
 fn pass_if_free(slot: &Slot) -> bool {
-    let mut guard = match slot.try_lock() {
-        Ok(g) => g,
-        // A panic in a user receive callback is caught inside the pass; a
-        // poisoned slot still holds consistent state.
-        Err(TryLockError::Poisoned(p)) => p.into_inner(),
-        Err(TryLockError::WouldBlock) => return false,
+    let Some(mut guard) = try_slot(slot) else {
+        return false;
     };
     let Some(w) = guard.as_mut() else {
         return false;
@@ -218,12 +225,11 @@ impl ProgressHandle {
 
     /// Whether the engine was dropped (nothing left to drive).
     pub fn is_closed(&self) -> bool {
-        self.0.slots.iter().all(|s| match s.try_lock() {
-            Ok(g) => g.is_none(),
-            Err(TryLockError::Poisoned(p)) => p.into_inner().is_none(),
-            // Someone is inside a pass: the group is open.
-            Err(TryLockError::WouldBlock) => false,
-        })
+        // A slot someone is in a pass on is open.
+        self.0
+            .slots
+            .iter()
+            .all(|s| try_slot(s).is_some_and(|g| g.is_none()))
     }
 }
 
