@@ -7,6 +7,7 @@ mod bench;
 mod bench_rpc;
 mod bench_vm;
 mod deps;
+mod llama_tree;
 mod netns;
 mod slurm;
 mod step;
@@ -40,6 +41,11 @@ commands:
                       coordinator's link shaped (root; --delay with netem, or
                       a user-space delay proxy where the kernel lacks sch_netem)
   verbs-vm            only the soft-RoCE VM step (transfer-verbs suite, engine link)
+  llama-tree [TARGET...]
+                      download (PyPI's llama-cpp-python 0.3.36 source archive,
+                      sha256-pinned), configure and build llama.cpp's cmake
+                      TARGETs under target/llama-cpp-0.3.36/ (incremental);
+                      prints the folder of the built programs
   deps                install (or print how to install) the system packages
   slurm-smoke [--mode quick|smoke] [--bin PATH]
                       opt-in (root): a throwaway Slurm cluster on this machine
@@ -57,6 +63,10 @@ fn main() -> ExitCode {
         Some("link-probe") => bench_rpc::link_probe::run(&args[1..]),
         // Internal: `bench rpc --delay` without sch_netem.
         Some("delay-proxy") => bench_rpc::delay_proxy::run(&args[1..]),
+        Some("llama-tree") => {
+            let targets: Vec<&str> = args[1..].iter().map(String::as_str).collect();
+            llama_tree::ensure_built(&targets).map(|bin| println!("{}", bin.display()))
+        }
         Some("deps") => deps::ensure(&deps::RUNTIME),
         Some("verbs-vm") => test::verbs_vm(),
         Some("slurm-smoke") => slurm::run(&args[1..]),
