@@ -11,8 +11,9 @@
 # The binaries link no CUDA library: they dlopen libcuda.so.1 (and
 # libgdrapi.so.2 when /dev/gdrdrv exists) at run time, so an x86-64 build
 # from this machine runs as is on any x86-64 Linux GPU machine with the
-# NVIDIA driver. Each GPU test prints "skipped: <reason>" where there is no
-# GPU; with one, it prints latencies (median/p99) and checks correctness.
+# NVIDIA driver. Each GPU test prints "skipped (cuda): <reason>" where there is
+# no GPU (a failure under `run`, which sets TRANSFER_REQUIRE=cuda); with one,
+# it prints latencies (median/p99) and checks correctness.
 #
 # With the device tool, after building here, the one command is:
 #   run(command="crates/transfer-cuda/gpu-check.sh run", carry=["crates/transfer-cuda/gpu-bin"])
@@ -58,7 +59,8 @@ run() {
     command -v nvidia-smi >/dev/null && nvidia-smi -L || true
     local rc=0
     echo "== GPU tests"
-    "$bin/transfer-cuda-gpu" --test-threads=1 --nocapture || rc=1
+    # A GPU machine must have one: no GPU fails instead of printing "skipped".
+    TRANSFER_REQUIRE="${TRANSFER_REQUIRE:-cuda}" "$bin/transfer-cuda-gpu" --test-threads=1 --nocapture || rc=1
     echo "== kv_cache example"
     "$bin/kv_cache" || rc=1
     exit "$rc"

@@ -57,7 +57,9 @@ pub struct LibfabricConfig {
     /// never completes a zero-byte delivery-complete write; an immediate
     /// needs no placement guarantee). Measured on 1.17: shm and
     /// udp;ofi_rxd never complete a write the target refused, with or
-    /// without it, so there only the peer timeout reports the refusal.
+    /// without it, so there only the peer timeout reports the refusal (on
+    /// shm the domain then replaces its wedged transmit endpoint, see
+    /// `domain/connection.rs`).
     pub delivery_complete: Option<bool>,
     /// Open the CQ with an FI_WAIT_FD wait object, so that an idle worker
     /// blocks on it ([`transfer_core::Domain::wait_fd`]) instead of

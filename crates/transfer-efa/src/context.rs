@@ -112,6 +112,18 @@ impl SlotPool {
         Some(kind)
     }
 
+    /// Takes the kinds of the posted slots `pick` selects without freeing
+    /// the slots: their contexts stay owned by the provider (an endpoint
+    /// that will never complete them), so they are never reused; a late
+    /// completion of one finds no kind and is ignored.
+    pub(crate) fn abandon(&mut self, pick: impl Fn(&SlotKind) -> bool) -> Vec<SlotKind> {
+        self.slots
+            .iter_mut()
+            .filter(|s| s.kind.as_ref().is_some_and(&pick))
+            .filter_map(|s| s.kind.take())
+            .collect()
+    }
+
     /// Iterates over the kinds of posted slots.
     pub(crate) fn posted(&self) -> impl Iterator<Item = &SlotKind> {
         self.slots.iter().filter_map(|s| s.kind.as_ref())

@@ -636,41 +636,103 @@ mod tests {
         assert_eq!(offset_of!(fi_ops_mr, regattr), 24);
     }
 
+    const HEADERS: [&str; 6] = [
+        "rdma/fabric.h",
+        "rdma/fi_domain.h",
+        "rdma/fi_endpoint.h",
+        "rdma/fi_rma.h",
+        "rdma/fi_cm.h",
+        "rdma/fi_errno.h",
+    ];
+
     /// The same layouts, and more, against the real `<rdma/fabric.h>`
     /// family compiled by the C compiler (Debian `libfabric-dev`, which
     /// `cargo xtask test` installs): the numbers above are what 1.17 gave,
-    /// this proves the mirrors are those structs.
+    /// this proves the mirrors are those structs. Every mirror, every
+    /// member's offset (issue 22: the ops tables were checked by size, so
+    /// two function pointers swapped would have passed); the macro does not
+    /// compile when a mirror has a field this list lacks.
     #[test]
     fn layouts_match_the_installed_headers() {
-        let probes = transfer_core::c_layout_probes![
-            size fi_info, size fi_tx_attr, size fi_rx_attr, size fi_ep_attr,
-            size fi_domain_attr, size fi_fabric_attr, size fid, size fi_ops,
-            size fid_fabric, size fi_ops_fabric, size fid_domain, size fi_ops_domain,
-            size fi_ops_mr, size fid_mr, size fid_av, size fi_ops_av, size fi_av_attr,
-            size fid_cq, size fi_ops_cq, size fi_cq_attr, size fi_cq_data_entry,
-            size fi_cq_err_entry, size fid_ep, size fi_ops_cm, size fi_ops_msg,
-            size fi_ops_rma, size fi_msg_rma, size fi_rma_iov, size fid_nic,
-            size fi_link_attr, size fi_mr_attr,
-            offset fi_info.nic, offset fi_info.domain_attr, offset fi_info.fabric_attr,
-            offset fi_info.ep_attr, offset fi_info.tx_attr, offset fi_info.rx_attr,
-            offset fi_domain_attr.mr_mode, offset fi_domain_attr.cq_data_size,
-            offset fi_domain_attr.mr_key_size, offset fi_domain_attr.tclass,
-            offset fi_ep_attr.max_msg_size, offset fi_cq_err_entry.err,
-            offset fi_cq_err_entry.err_data, offset fi_cq_data_entry.data,
-            offset fid_ep.msg, offset fid_ep.rma, offset fi_ops_rma.writemsg,
-            offset fi_ops_msg.send, offset fi_ops_cq.strerror, offset fid_mr.key,
-            offset fi_link_attr.speed, offset fi_tx_attr.tclass,
-            offset fi_rx_attr.iov_limit, offset fi_mr_attr.iface,
-            offset fi_mr_attr.device, offset fi_ops_mr.regattr,
+        #[rustfmt::skip]
+        let probes = transfer_core::c_layout_structs![
+            fi_tx_attr { caps, mode, op_flags, msg_order, comp_order, inject_size, size, iov_limit, rma_iov_limit, tclass },
+            fi_rx_attr { caps, mode, op_flags, msg_order, comp_order, total_buffered_recv, size, iov_limit },
+            fi_ep_attr { type_ = "type", protocol, protocol_version, max_msg_size, msg_prefix_size, max_order_raw_size, max_order_war_size, max_order_waw_size, mem_tag_format, tx_ctx_cnt, rx_ctx_cnt, auth_key_size, auth_key },
+            fi_domain_attr { domain, name, threading, control_progress, data_progress, resource_mgmt, av_type, mr_mode, mr_key_size, cq_data_size, cq_cnt, ep_cnt, tx_ctx_cnt, rx_ctx_cnt, max_ep_tx_ctx, max_ep_rx_ctx, max_ep_stx_ctx, max_ep_srx_ctx, cntr_cnt, mr_iov_limit, caps, mode, auth_key, auth_key_size, max_err_data, mr_cnt, tclass },
+            fi_fabric_attr { fabric, name, prov_name, prov_version, api_version },
+            fi_info { next, caps, mode, addr_format, src_addrlen, dest_addrlen, src_addr, dest_addr, handle, tx_attr, rx_attr, ep_attr, domain_attr, fabric_attr, nic },
+            fi_link_attr { address, mtu, speed, state, network_type },
+            fid_nic { fid, device_attr, bus_attr, link_attr, prov_attr },
+            fi_ops { size, close, bind, control, ops_open, tostr, ops_set },
+            fid { fclass, context, ops },
+            fi_ops_fabric { size, domain, passive_ep, eq_open, wait_open, trywait, domain2 },
+            fid_fabric { fid, ops, api_version },
+            fi_av_attr { type_ = "type", rx_ctx_bits, count, ep_per_node, name, map_addr, flags },
+            fi_cq_attr { size, flags, format, wait_obj, signaling_vector, wait_cond, wait_set },
+            fi_ops_domain { size, av_open, cq_open, endpoint, scalable_ep, cntr_open, poll_open, stx_ctx, srx_ctx, query_atomic, query_collective, endpoint2 },
+            fi_mr_attr { mr_iov, iov_count, access, offset, requested_key, context, auth_key_size, auth_key, iface, device },
+            fi_ops_mr { size, reg, regv, regattr },
+            fid_domain { fid, ops, mr },
+            fid_mr { fid, mem_desc, key },
+            fi_ops_av { size, insert, insertsvc, insertsym, remove, lookup, straddr, av_set },
+            fid_av { fid, ops },
+            fi_cq_data_entry { op_context, flags, len, buf, data },
+            fi_cq_err_entry { op_context, flags, len, buf, data, tag, olen, err, prov_errno, err_data, err_data_size },
+            fi_ops_cq { size, read, readfrom, readerr, sread, sreadfrom, signal, strerror },
+            fid_cq { fid, ops },
+            fi_ops_cm { size, setname, getname, getpeer, connect, listen, accept, reject, shutdown, join },
+            fi_ops_msg { size, recv, recvv, recvmsg, send, sendv, sendmsg, inject, senddata, injectdata },
+            fi_rma_iov { addr, len, key },
+            fi_msg_rma { msg_iov, desc, iov_count, addr, rma_iov, rma_iov_count, context, data },
+            fi_ops_rma { size, read, readv, readmsg, write, writev, writemsg, inject, writedata, injectdata },
+            fid_ep { fid, ops, cm, msg, rma, tagged, atomic, collective },
+            fi_context2 { internal },
         ];
-        let headers = [
-            "rdma/fabric.h",
-            "rdma/fi_domain.h",
-            "rdma/fi_endpoint.h",
-            "rdma/fi_rma.h",
-            "rdma/fi_cm.h",
-            "rdma/fi_errno.h",
-        ];
+        let headers = HEADERS;
         transfer_core::testing::c_layout::assert_layouts("libfabric-dev", &headers, &probes);
+    }
+
+    /// An ops table with two entries swapped (same size) is caught by the
+    /// per-member offsets: the check the test above makes can fail.
+    mod swapped {
+        use super::super::Unused;
+
+        #[repr(C)]
+        pub struct fi_ops_rma {
+            pub size: usize,
+            pub write: Unused,
+            pub readv: Unused,
+            pub readmsg: Unused,
+            pub read: Unused,
+            pub writev: Unused,
+            pub writemsg: Unused,
+            pub inject: Unused,
+            pub writedata: Unused,
+            pub injectdata: Unused,
+        }
+    }
+
+    #[test]
+    fn a_swapped_ops_table_fails_the_header_check() {
+        use swapped::fi_ops_rma;
+        use transfer_core::testing::c_layout::{c_values, mismatches};
+        #[rustfmt::skip]
+        let probes = transfer_core::c_layout_structs![
+            fi_ops_rma { size, write, readv, readmsg, read, writev, writemsg, inject, writedata, injectdata },
+        ];
+        let c = match c_values(&HEADERS, &probes) {
+            Ok(c) => c,
+            Err(e) => {
+                transfer_core::testing::skip_or_fail("headers", e);
+                return;
+            }
+        };
+        let bad = mismatches(&probes, &c);
+        assert_eq!(bad.len(), 2, "{bad:#?}");
+        assert!(
+            bad[0].contains("fi_ops_rma, write)") && bad[1].contains("fi_ops_rma, read)"),
+            "{bad:#?}"
+        );
     }
 }

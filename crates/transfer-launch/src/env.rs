@@ -19,12 +19,19 @@
 //! inherits the batch step's `SLURM_PROCID=0` in every rank; torchrun before
 //! both because it sets per-worker ranks under either.
 //!
+//! `TRANSFER_JOB_SECRET` (same on every rank, 16 bytes or more) authenticates
+//! the rendezvous. No launcher offers a per-job secret to take instead:
+//! Slurm's and torchrun's variables are all public (job ids, addresses),
+//! and Open MPI's `OMPI_MCA_orte_precondition_transports` is random under
+//! `mpirun` but derived from the job id under `srun` direct launch.
+//!
 //! `TRANSFER_RENDEZVOUS` (`host`, `host:port`, `[v6]:port`) overrides the
 //! rendezvous address under every convention and `TRANSFER_JOB_ID` the job
 //! token. Without a port, the port is [`DEFAULT_PORT`] plus a hash of the
 //! job id modulo [`PORT_SPREAD`], so two jobs sharing a node rarely collide;
 //! when they do, the token keeps their ranks apart (see `rendezvous`).
 
+use crate::auth::{JobSecret, SECRET_ENV};
 use crate::error::{LaunchError, Result};
 use crate::hostlist;
 
@@ -99,6 +106,9 @@ pub struct LaunchInfo {
     pub job: String,
     /// The job's nodes, when the launcher lists them (Slurm).
     pub hosts: Vec<String>,
+    /// The job secret (`TRANSFER_JOB_SECRET`) that authenticates the
+    /// rendezvous; `None` leaves it open to whoever reaches the port.
+    pub secret: Option<JobSecret>,
 }
 
 impl LaunchInfo {
@@ -131,6 +141,8 @@ pub fn detect(get: impl Fn(&str) -> Option<String>) -> Result<LaunchInfo> {
     if let Some(j) = job_override {
         info.job = j;
     }
+    // Set but empty is refused too: it would look like protection and be none.
+    info.secret = get(SECRET_ENV).map(JobSecret::new).transpose()?;
     // Room for the convention's name in the wire token; a long id becomes its hash.
     if info.job.len() > crate::wire::MAX_TOKEN - 32 {
         info.job = format!("{:016x}", fnv1a(info.job.as_bytes()));
@@ -158,6 +170,7 @@ fn explicit(get: &Get, over: Option<&(String, Option<u16>)>) -> Result<LaunchInf
         },
         job,
         hosts: Vec::new(),
+        secret: None,
     })
 }
 
@@ -189,6 +202,7 @@ fn torchrun(get: &Get, over: Option<&(String, Option<u16>)>) -> Result<LaunchInf
         rendezvous,
         job,
         hosts: Vec::new(),
+        secret: None,
     })
 }
 
@@ -238,6 +252,7 @@ fn openmpi(get: &Get, over: Option<&(String, Option<u16>)>) -> Result<LaunchInfo
         },
         job,
         hosts,
+        secret: None,
     })
 }
 
@@ -280,6 +295,7 @@ fn slurm(get: &Get, over: Option<&(String, Option<u16>)>) -> Result<LaunchInfo> 
         },
         job,
         hosts,
+        secret: None,
     })
 }
 
@@ -432,6 +448,31 @@ mod tests {
         assert!(e.to_string().contains("TRANSFER_RENDEZVOUS"), "{e}");
         let e = env(&[("TRANSFER_RANK", "0"), ("TRANSFER_RENDEZVOUS", "h:1")]).unwrap_err();
         assert!(e.to_string().contains("TRANSFER_WORLD_SIZE"), "{e}");
+    }
+
+    #[test]
+    fn the_job_secret_is_read_under_every_convention_and_short_ones_refused() {
+        let slurm = [
+            ("SLURM_PROCID", "1"),
+            ("SLURM_NTASKS", "2"),
+            ("SLURM_JOB_NODELIST", "n1"),
+        ];
+        assert_eq!(env(&slurm).unwrap().secret, None);
+        let mut with = slurm.to_vec();
+        with.push(("TRANSFER_JOB_SECRET", "0123456789abcdef0123"));
+        let i = env(&with).unwrap();
+        assert_eq!(
+            i.secret,
+            Some(JobSecret::new("0123456789abcdef0123").unwrap())
+        );
+        // Debug (and so any log of the info) does not show it.
+        assert!(!format!("{i:?}").contains("0123456789"));
+        for short in ["", "guessable"] {
+            let mut with = slurm.to_vec();
+            with.push(("TRANSFER_JOB_SECRET", short));
+            let e = env(&with).unwrap_err().to_string();
+            assert!(e.contains("TRANSFER_JOB_SECRET") && e.contains("16"), "{e}");
+        }
     }
 
     #[test]

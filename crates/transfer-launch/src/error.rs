@@ -45,6 +45,9 @@ pub enum LaunchError {
     /// Rank 0 refused this rank, or the rendezvous failed as a whole.
     #[error("rendezvous refused: {0}")]
     Refused(String),
+    /// The job secret did not match, or one side has none.
+    #[error("rendezvous authentication: {0}")]
+    Auth(String),
     /// One rank broke the rendezvous (left early, disagreed on the world).
     #[error("rank {rank}: {reason}")]
     Rank {

@@ -14,11 +14,13 @@
 
 mod error;
 
+pub mod auth;
 pub mod env;
 pub mod hostlist;
 pub mod rendezvous;
 pub mod wire;
 
+pub use auth::JobSecret;
 pub use env::{Convention, Endpoint, LaunchInfo, detect};
 pub use error::{LaunchError, Result};
 pub use rendezvous::{Options, rendezvous};

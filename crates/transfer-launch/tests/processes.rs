@@ -74,6 +74,11 @@ fn env_of(conv: Conv, n: usize, r: usize, shared: &str) -> Vec<(String, String)>
 }
 
 fn run_job(conv: Conv, n: usize) {
+    run_job_with(conv, n, &[]);
+}
+
+/// Runs a job with `extra` variables on every rank.
+fn run_job_with(conv: Conv, n: usize, extra: &[(&str, &str)]) {
     let shared = match conv {
         Conv::Slurm => job_with_free_port("slurm"),
         Conv::OpenMpi => job_with_free_port("ompi"),
@@ -87,6 +92,7 @@ fn run_job(conv: Conv, n: usize) {
             let mut c = Command::new(PROBE);
             c.env_clear()
                 .envs(env_of(conv, n, r, &shared))
+                .envs(extra.iter().copied())
                 .env("TRANSFER_RENDEZVOUS_TIMEOUT", "30")
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped());
@@ -159,6 +165,40 @@ fn torchrun_2_and_3() {
 fn explicit_2_and_3() {
     run_job(Conv::Explicit, 2);
     run_job(Conv::Explicit, 3);
+}
+
+#[test]
+fn slurm_3_with_a_job_secret() {
+    run_job_with(
+        Conv::Slurm,
+        3,
+        &[("TRANSFER_JOB_SECRET", "a secret of the job, 32 bytes!!")],
+    );
+}
+
+#[test]
+fn a_rank_with_another_secret_is_refused_by_name() {
+    let rv = format!("127.0.0.1:{}", free_port());
+    let spawn = |r: usize, secret: &str| {
+        Command::new(PROBE)
+            .env_clear()
+            .envs(env_of(Conv::Explicit, 2, r, &rv))
+            .env("TRANSFER_RENDEZVOUS_TIMEOUT", "3")
+            .env("TRANSFER_JOB_SECRET", secret)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let zero = spawn(0, "the right secret of this job....");
+    let one = spawn(1, "the wrong secret of this job....");
+    let one = one.wait_with_output().unwrap();
+    let zero = zero.wait_with_output().unwrap();
+    assert!(!one.status.success() && !zero.status.success());
+    let err = String::from_utf8_lossy(&one.stderr);
+    assert!(err.contains("authentication failed"), "{err}");
+    let err = String::from_utf8_lossy(&zero.stderr);
+    assert!(err.contains("missing ranks [1]"), "{err}");
 }
 
 #[test]

@@ -60,6 +60,7 @@ proptest! {
         let l = small_limits();
         let _ = wire::decode_hello(&bytes, &l);
         let _ = wire::decode_reply(&bytes, &l);
+        let _ = wire::decode_challenge(&bytes);
         let _ = wire::decode_reply(&bytes, &Limits { max_world: usize::MAX, max_blob: usize::MAX, max_total: usize::MAX });
     }
 
@@ -85,7 +86,7 @@ proptest! {
         flips in prop::collection::vec((any::<usize>(), any::<u8>()), 1..6),
     ) {
         let l = small_limits();
-        let h = Hello { token, world_size: world, rank: world - 1, blob };
+        let h = Hello { token, world_size: world, rank: world - 1, blob, nonce: [3; 32], mac: vec![4; 32] };
         let mut b = wire::encode_hello(&h, &l).unwrap();
         prop_assert_eq!(&wire::decode_hello(&b, &l).unwrap(), &h);
         for (at, x) in flips {
@@ -99,7 +100,7 @@ proptest! {
     #[test]
     fn replies_round_trip(blobs in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..64), 0..32)) {
         let l = small_limits();
-        let r = Reply::Accepted(blobs);
+        let r = Reply::Accepted(blobs, vec![7; 32]);
         let b = wire::encode_reply(&r, &l).unwrap();
         prop_assert!(b.len() <= l.max_reply());
         prop_assert_eq!(wire::decode_reply(&b, &l).unwrap(), r);

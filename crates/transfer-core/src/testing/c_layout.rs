@@ -135,6 +135,28 @@ macro_rules! c_layout_probes {
     };
 }
 
+/// `Probe`s for whole structs: the `sizeof` of each and the `offsetof` of
+/// every one of its fields, written `TYPE { field, field = "c.path", .. }`
+/// (no `..`: every field is named). The list is checked complete at compile
+/// time (a struct pattern without `..` must name every field), so a field
+/// added to a mirror cannot go unprobed, and two members swapped in a
+/// mirror (same size, so `sizeof` alone would agree) fail on their offsets.
+#[macro_export]
+macro_rules! c_layout_structs {
+    ($($ty:ident { $($field:ident $(= $cpath:literal)?),* $(,)? }),* $(,)?) => {{
+        $(
+            // Never called: does not compile unless every field is listed.
+            let _ = |$ty { $($field: _),* }: $ty| ();
+        )*
+        let mut probes = ::std::vec::Vec::new();
+        $(
+            probes.push($crate::c_layout_probes!(@one size $ty));
+            $(probes.push($crate::c_layout_probes!(@one offset $ty . $field $(= $cpath)?));)*
+        )*
+        probes
+    }};
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -173,5 +195,79 @@ mod tests {
         let mut wrong = probes.clone();
         wrong[1].rust += 4;
         assert_eq!(mismatches(&wrong, &c).len(), 1);
+    }
+
+    /// `struct tm` with two members swapped: same size, so only the
+    /// per-member offsets of `c_layout_structs!` see it.
+    mod swapped {
+        #[repr(C)]
+        #[allow(non_camel_case_types, dead_code)]
+        pub struct tm {
+            pub tm_min: i32,
+            pub tm_sec: i32,
+            pub tm_hour: i32,
+            pub tm_mday: i32,
+            pub tm_mon: i32,
+            pub tm_year: i32,
+            pub tm_wday: i32,
+            pub tm_yday: i32,
+            pub tm_isdst: i32,
+            pub tm_gmtoff: i64,
+            pub tm_zone: *const u8,
+        }
+    }
+
+    #[test]
+    fn every_member_is_probed_so_a_swap_is_caught() {
+        let good = crate::c_layout_structs![tm {
+            tm_sec,
+            tm_min,
+            tm_hour,
+            tm_mday,
+            tm_mon,
+            tm_year,
+            tm_wday,
+            tm_yday,
+            tm_isdst,
+            tm_gmtoff,
+            tm_zone
+        }];
+        let bad = {
+            use swapped::tm;
+            crate::c_layout_structs![tm {
+                tm_min,
+                tm_sec,
+                tm_hour,
+                tm_mday,
+                tm_mon,
+                tm_year,
+                tm_wday,
+                tm_yday,
+                tm_isdst,
+                tm_gmtoff,
+                tm_zone
+            }]
+        };
+        assert_eq!(good.len(), 12);
+        let c = match c_values(&["time.h"], &good) {
+            Ok(c) => c,
+            Err(e) => {
+                crate::testing::skip_or_fail("headers", e);
+                return;
+            }
+        };
+        assert!(
+            mismatches(&good, &c).is_empty(),
+            "{:?}",
+            mismatches(&good, &c)
+        );
+        let c_bad = c_values(&["time.h"], &bad).unwrap_or_default();
+        let m = mismatches(&bad, &c_bad);
+        assert_eq!(m.len(), 2, "{m:?}");
+        assert!(
+            m.iter()
+                .all(|l| l.contains("tm_min") || l.contains("tm_sec")),
+            "{m:?}"
+        );
     }
 }

@@ -58,12 +58,14 @@ impl LibfabricDomain {
             write: *w,
             retried,
         });
+        let flags = if w.len == 0 { 0 } else { self.write_flags };
         // SAFETY: the local span lies inside a live registration (checked at
         // submit; the engine keeps it registered until Completed), `dest`
         // comes from our AV, and `ctx` is a slot that lives until its
-        // completion is read or the endpoint is closed.
+        // completion is read or the endpoint is closed (a wedged shm
+        // endpoint's slots are abandoned, never reused).
         let ret = unsafe {
-            self.ep.write(
+            self.tx_ep().write(
                 w.local,
                 w.len,
                 desc,
@@ -72,7 +74,7 @@ impl LibfabricDomain {
                 w.remote_key.0,
                 w.imm,
                 ctx,
-                if w.len == 0 { 0 } else { self.write_flags },
+                flags,
             )
         };
         if ret == 0 {
@@ -88,7 +90,7 @@ impl LibfabricDomain {
     }
 
     /// A posted operation to `peer` came back (completion or error).
-    fn count_returned(&mut self, peer: PeerId) {
+    pub(super) fn count_returned(&mut self, peer: PeerId) {
         if let Some(n) = self.posted_to.get_mut(&peer) {
             *n = n.saturating_sub(1);
             if *n == 0 {
@@ -147,7 +149,7 @@ impl LibfabricDomain {
         // SAFETY: `buf` points into the payload now owned by the slot (a
         // Vec's heap buffer or a bounce slot, neither moves), described by
         // `desc`; the slot lives until the completion.
-        let ret = unsafe { self.ep.send(buf, len, desc, dest, ctx) };
+        let ret = unsafe { self.tx_ep().send(buf, len, desc, dest, ctx) };
         if ret == 0 {
             self.count_posted(peer);
             return Ok(());

@@ -96,7 +96,21 @@ pub struct LibfabricDomain {
     /// The shm endpoint's name (`trx<pid>-<random>-<n>`), whose shared
     /// memory files are removed when the domain is dropped.
     pub(crate) shm_name: Option<String>,
+    /// The endpoint: receives always, writes and sends until shm wedges it
+    /// (see `connection::replace_tx`).
     pub(crate) ep: Endpoint,
+    /// The endpoint writes and sends go through after shm wedged `ep`'s
+    /// transmit side; `None`: `ep`.
+    pub(crate) tx: Option<Endpoint>,
+    /// Wedged replacement transmit endpoints, kept open: the provider owns
+    /// their operations' contexts.
+    pub(crate) wedged: Vec<Endpoint>,
+    /// What was posted on wedged transmit endpoints, kept alive for the
+    /// same reason (a send's payload may still be read by its target).
+    /// Bounded: at most `connection::MAX_TX_REPLACEMENTS` wedges.
+    pub(crate) abandoned: Vec<crate::context::SlotKind>,
+    /// Transmit endpoints replaced so far.
+    pub(crate) tx_replacements: usize,
     pub(crate) slots: SlotPool,
     pub(crate) mrs: HashMap<u64, MemoryRegistration>,
     pub(crate) bounce: Option<BounceSlab>,
@@ -159,6 +173,13 @@ impl Drop for LibfabricDomain {
             return;
         }
         self.ep.ptr = std::ptr::null_mut();
+        if let Some(tx) = &mut self.tx {
+            tx.ptr = std::ptr::null_mut();
+        }
+        for ep in &mut self.wedged {
+            ep.ptr = std::ptr::null_mut();
+        }
+        std::mem::forget(std::mem::take(&mut self.abandoned));
         self.cq.ptr = std::ptr::null_mut();
         self.av.ptr = std::ptr::null_mut();
         self.domain.ptr = std::ptr::null_mut();
@@ -169,7 +190,10 @@ impl Drop for LibfabricDomain {
         // /dev/shm does not fill up with a region per closed domain
         // (measured: 1146 files, 4.3 GB, after a day of test runs).
         if let Some(name) = &self.shm_name {
-            remove_shm_files(|f| f.starts_with(&format!("{name}:")));
+            // The endpoint's, and those of replacement transmit endpoints.
+            remove_shm_files(|f| {
+                f.starts_with(&format!("{name}:")) || f.starts_with(&format!("{name}-tx"))
+            });
         }
     }
 }
@@ -350,6 +374,10 @@ impl LibfabricDomain {
                 0
             },
             shm_name,
+            tx: None,
+            wedged: Vec::new(),
+            abandoned: Vec::new(),
+            tx_replacements: 0,
             info,
             lib,
             config: config.clone(),

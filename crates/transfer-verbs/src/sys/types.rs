@@ -624,6 +624,13 @@ mod header_layout {
         // Our ibv_port_attr keeps room for fields later rdma-core versions
         // append: what precedes that room must be the header's whole struct.
         let mut probes = probes;
+        // The ops table member by member (issue 22: by size, two entries
+        // swapped would pass); does not compile when a field is left out.
+        #[rustfmt::skip]
+        probes.extend(transfer_core::c_layout_structs![
+            ibv_context_ops { _compat_query_device, _compat_query_port, _compat_alloc_pd, _compat_dealloc_pd, _compat_reg_mr, _compat_rereg_mr, _compat_dereg_mr, alloc_mw, bind_mw, dealloc_mw, _compat_create_cq, poll_cq, req_notify_cq, _compat_cq_event, _compat_resize_cq, _compat_destroy_cq, _compat_create_srq, _compat_modify_srq, _compat_query_srq, _compat_destroy_srq, post_srq_recv, _compat_create_qp, _compat_query_qp, _compat_modify_qp, _compat_destroy_qp, post_send, post_recv, _compat_create_ah, _compat_destroy_ah, _compat_attach_mcast, _compat_detach_mcast, _compat_async_event },
+            ibv_context { device, ops, cmd_fd, async_fd, num_comp_vectors, mutex, abi_compat },
+        ]);
         probes.push(transfer_core::testing::c_layout::Probe {
             c_expr: "sizeof(struct ibv_port_attr)".into(),
             rust: std::mem::offset_of!(ibv_port_attr, _reserved),
