@@ -30,6 +30,14 @@ struct Cli {
     /// Memory quota in MiB (all buffers together).
     #[arg(short, long, default_value_t = 4096)]
     mem: u64,
+    /// Most live buffers one session may own (each is a memfd, two mappings
+    /// and at least a page, charged against --mem, whatever its size).
+    #[arg(long, default_value_t = 256)]
+    max_buffers_per_session: usize,
+    /// Most live buffers of all sessions (lowered at start to what the
+    /// descriptor limit, `ulimit -n`, holds next to the connections).
+    #[arg(long, default_value_t = 16384)]
+    max_buffers: usize,
     /// SET_TENSOR_HASH cache directory (enables the cache).
     #[arg(short, long)]
     cache: Option<PathBuf>,
@@ -183,6 +191,8 @@ fn main() -> ExitCode {
         devices: u32::try_from(cli.device.len().max(1)).unwrap_or(1),
         memory_quota: quota,
         max_buffer_size: quota,
+        max_buffers_per_session: cli.max_buffers_per_session,
+        max_buffers: cli.max_buffers,
         max_connections: cli.max_connections,
         max_connections_per_address: cli.max_connections_per_address,
         hello_timeout: std::time::Duration::from_secs(cli.hello_timeout_s.max(1)),

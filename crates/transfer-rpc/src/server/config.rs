@@ -23,6 +23,12 @@ pub struct ServerConfig {
     pub memory_quota: u64,
     /// Largest single buffer (GET_MAX_SIZE).
     pub max_buffer_size: u64,
+    /// Most live buffers one session may own (each costs a memfd, two
+    /// mappings and at least a page, whatever its size).
+    pub max_buffers_per_session: usize,
+    /// Most live buffers of all sessions together; [`super::Server::bind`]
+    /// lowers it to what the process's descriptor limit can hold.
+    pub max_buffers: usize,
     /// Alignment reported by GET_ALIGNMENT.
     pub alignment: u64,
     /// Most concurrent sessions (connections past HELLO). A HELLO that finds
@@ -62,6 +68,9 @@ pub struct ServerConfig {
     pub peer_connect_timeout: Duration,
     /// Read/write timeout on peer connections.
     pub peer_io_timeout: Duration,
+    /// Most peer connections (COPY_TENSOR_TO destinations) one session
+    /// keeps open; one more closes the least recently used.
+    pub max_peer_connections_per_session: usize,
     /// Idle timeout of sessions between frames (`None` = wait forever, like
     /// upstream: llama.cpp holds one connection for a model's lifetime, and
     /// closing it frees the model's buffers).
@@ -88,6 +97,8 @@ impl Default for ServerConfig {
             devices: 1,
             memory_quota: quota,
             max_buffer_size: quota,
+            max_buffers_per_session: 256,
+            max_buffers: 16384,
             alignment: 64,
             max_connections: 64,
             max_connections_per_address: 32,
@@ -104,6 +115,7 @@ impl Default for ServerConfig {
             peer_allow: PeerAllow::default(),
             peer_connect_timeout: Duration::from_secs(5),
             peer_io_timeout: Duration::from_secs(30),
+            max_peer_connections_per_session: 8,
             idle_timeout: None,
             inflight_budget: 1 << 30,
             verbose: false,

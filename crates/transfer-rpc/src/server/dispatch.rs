@@ -56,20 +56,23 @@ impl Session {
             Request::Hello(_) => Err(RpcError::refused("HELLO", "unreachable")),
             Request::AllocBuffer { device, size } => {
                 self.check_device("ALLOC_BUFFER", device)?;
-                let buf = (size <= cfg.max_buffer_size)
-                    .then(|| reg.alloc(self.id, device, size))
-                    .flatten();
+                let buf = if size <= cfg.max_buffer_size {
+                    reg.alloc_for(self.id, device, size)
+                } else {
+                    Err(format!(
+                        "larger than the most one buffer may hold ({})",
+                        cfg.max_buffer_size
+                    ))
+                };
                 match buf {
-                    Some(b) => Session::respond(Response::AllocBuffer {
+                    Ok(b) => Session::respond(Response::AllocBuffer {
                         remote_ptr: b.handle,
                         remote_size: b.size,
                     }),
-                    None => {
+                    Err(why) => {
                         self.shared.log(&format!(
-                            "session {}: ALLOC_BUFFER of {size} bytes refused (quota {}, used {})",
-                            self.id,
-                            reg.quota(),
-                            reg.used()
+                            "session {}: ALLOC_BUFFER of {size} bytes refused: {why}",
+                            self.id
                         ));
                         Session::respond(Response::AllocBuffer {
                             remote_ptr: 0,
