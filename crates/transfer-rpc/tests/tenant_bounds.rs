@@ -181,9 +181,116 @@ fn closed_within(s: &mut TcpStream, limit: Duration) -> Option<Duration> {
     }
 }
 
-#[allow(dead_code)]
 fn send_hello(s: &mut TcpStream) {
     s.write_all(&hello_frame()).unwrap();
     let mut answer = [0u8; 8 + 3];
     s.read_exact(&mut answer).unwrap();
+}
+
+/// A GRAPH_COMPUTE announcing 100 KiB (held in the in-flight budget) sent
+/// one byte every 100 ms: each byte comes well inside the 500 ms frame
+/// timeout, but the frame as a whole must end by its deadline.
+#[test]
+fn a_trickled_frame_is_closed_at_its_deadline() {
+    let h = start(ServerConfig {
+        frame_timeout: Duration::from_millis(500),
+        ..ServerConfig::default()
+    });
+    let mut s = TcpStream::connect(h.addr()).unwrap();
+    send_hello(&mut s);
+    let mut head = vec![Command::GraphCompute.byte()];
+    head.extend_from_slice(&(100u64 << 10).to_le_bytes());
+    s.write_all(&head).unwrap();
+    let t0 = Instant::now();
+    let mut closed = None;
+    let mut held = 0;
+    while t0.elapsed() < Duration::from_secs(4) {
+        held = held.max(h.shared().budget.used());
+        if s.write_all(&[0]).is_err() {
+            closed = Some(t0.elapsed());
+            break;
+        }
+        let mut probe = s.try_clone().unwrap();
+        if closed_within(&mut probe, Duration::from_millis(100)).is_some() {
+            closed = Some(t0.elapsed());
+            break;
+        }
+    }
+    println!("trickled frame closed after {closed:?}, held {held} bytes of budget meanwhile");
+    assert_eq!(held, 100 << 10, "the frame held its reservation");
+    let took = closed.expect("a trickle kept its frame open for 4 s");
+    assert!(took < Duration::from_millis(1500), "{took:?}");
+    assert_eq!(h.shared().budget.used(), 0);
+}
+
+/// GET_TENSOR of 16 MiB taken by a client that reads 64 KiB every 100 ms
+/// (progress on every write, 25 s for the whole answer): the answer has
+/// one deadline, after which the connection and its budget are released.
+#[test]
+fn a_slow_reader_cannot_hold_an_answer_past_its_deadline() {
+    let n: u64 = 16 << 20;
+    let h = start(ServerConfig {
+        memory_quota: 64 << 20,
+        max_buffer_size: 64 << 20,
+        frame_timeout: Duration::from_millis(500),
+        // 16 MiB at 64 MiB/s: 250 ms on top of the timeout.
+        frame_min_rate: 64 << 20,
+        ..ServerConfig::default()
+    });
+    let mut owner = connect(&h);
+    let (b, base) = alloc(&mut owner, n);
+    let t = f32_tensor(1, b, base, 0, (n / 4) as u32);
+    let mut s = TcpStream::connect(h.addr()).unwrap();
+    send_hello(&mut s);
+    let req = Request::GetTensor {
+        tensor: Box::new(t),
+        offset: 0,
+        size: n,
+    };
+    s.write_all(&encode_request(Command::GetTensor, &req.encode_payload()))
+        .unwrap();
+    let t0 = Instant::now();
+    let mut got = 0u64;
+    let mut buf = vec![0u8; 64 << 10];
+    let mut released = None;
+    s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    while t0.elapsed() < Duration::from_secs(5) {
+        if released.is_none() && got > 0 && h.shared().budget.used() == 0 {
+            released = Some(t0.elapsed());
+        }
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(k) => got += k as u64,
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    println!("slow reader: {got} of {n} bytes taken, budget released after {released:?}");
+    let took = released.expect("the answer held its budget for 5 s");
+    assert!(took < Duration::from_millis(2000), "{took:?}");
+    assert!(got < n, "the whole answer went out");
+    // The owner is still served.
+    assert_eq!(
+        owner
+            .get_tensor(&f32_tensor(1, b, base, 0, 4), 0, 16)
+            .unwrap(),
+        vec![0u8; 16]
+    );
+}
+
+/// An address that holds its share of sessions is refused at its HELLO at
+/// once, not at the end of its HELLO deadline.
+#[test]
+fn a_hello_over_the_address_share_is_refused_at_once() {
+    let h = start(ServerConfig {
+        max_connections_per_address: 1,
+        hello_timeout: Duration::from_secs(5),
+        ..ServerConfig::default()
+    });
+    let _held = connect(&h);
+    let t0 = Instant::now();
+    let refused = Client::connect(&h.endpoint(), ClientConfig::default());
+    let took = t0.elapsed();
+    println!("second session from one address refused after {took:?}");
+    assert!(refused.is_err());
+    assert!(took < Duration::from_secs(1), "{took:?}");
 }

@@ -57,6 +57,18 @@ struct Cli {
     /// MiB that request payloads of all sessions may hold at once (outside --mem).
     #[arg(long, default_value_t = 1024)]
     inflight_mib: u64,
+    /// MiB of --inflight-mib that the sessions of one client address may
+    /// hold together.
+    #[arg(long, default_value_t = 256)]
+    inflight_per_address_mib: u64,
+    /// Seconds a frame may take, first byte to last, in either direction
+    /// (a request being read, an answer being taken), plus its size at
+    /// --frame-min-rate-mib.
+    #[arg(long, default_value_t = 60)]
+    frame_timeout_s: u64,
+    /// MiB/s a frame is given on top of --frame-timeout-s (0 = none).
+    #[arg(long, default_value_t = 8)]
+    frame_min_rate_mib: u64,
     /// Most MiB the --cache directory keeps (least recently used evicted).
     #[arg(long, default_value_t = 16384)]
     cache_max_mib: u64,
@@ -199,6 +211,9 @@ fn main() -> ExitCode {
         idle_timeout: (cli.idle_timeout_s > 0)
             .then(|| std::time::Duration::from_secs(cli.idle_timeout_s)),
         inflight_budget: cli.inflight_mib.saturating_mul(1 << 20),
+        inflight_per_address: cli.inflight_per_address_mib.saturating_mul(1 << 20),
+        frame_timeout: std::time::Duration::from_secs(cli.frame_timeout_s.max(1)),
+        frame_min_rate: cli.frame_min_rate_mib.saturating_mul(1 << 20),
         cache_max_bytes: cli.cache_max_mib.saturating_mul(1 << 20),
         threads: cli.threads,
         cache_dir: cli.cache.clone(),

@@ -44,9 +44,14 @@ pub struct ServerConfig {
     pub max_pending_per_address: usize,
     /// Time a new connection has to send its HELLO.
     pub hello_timeout: Duration,
-    /// Longest wait for the next byte once a frame has started, and for a
-    /// response to be taken by the client (socket write timeout).
+    /// Deadline of a frame, from its first byte to its last (requests) and
+    /// from the first byte sent to the last taken by the client (answers),
+    /// plus the frame's size at `frame_min_rate`. One deadline for the
+    /// whole frame, not per read: a trickle cannot stretch it.
     pub frame_timeout: Duration,
+    /// Bytes per second a frame is given on top of `frame_timeout` (0 =
+    /// none): large uploads on slow links still fit.
+    pub frame_min_rate: u64,
     /// Compute threads a backend may use.
     pub threads: usize,
     /// SET_TENSOR_HASH cache directory.
@@ -80,6 +85,10 @@ pub struct ServerConfig {
     /// than is free waits up to `frame_timeout`; one larger than the whole
     /// budget is refused.
     pub inflight_budget: u64,
+    /// The part of `inflight_budget` the sessions of one client address may
+    /// hold together (so that one address's slow or stalled frames cannot
+    /// take all of it).
+    pub inflight_per_address: u64,
     /// Log every command, not only refusals.
     pub verbose: bool,
     /// The server's TransferEngine: serves ENGINE_* and advertises the
@@ -106,6 +115,7 @@ impl Default for ServerConfig {
             max_pending_per_address: 64,
             hello_timeout: Duration::from_secs(10),
             frame_timeout: Duration::from_secs(60),
+            frame_min_rate: 8 << 20,
             threads: 1,
             cache_dir: None,
             cache_max_bytes: 16 << 30,
@@ -118,6 +128,7 @@ impl Default for ServerConfig {
             max_peer_connections_per_session: 8,
             idle_timeout: None,
             inflight_budget: 1 << 30,
+            inflight_per_address: 256 << 20,
             verbose: false,
             #[cfg(feature = "engine")]
             engine: None,

@@ -20,6 +20,11 @@ impl Session {
         }
     }
 
+    /// How long a command may wait for in-flight budget: the frame timeout.
+    fn wait_until(&self) -> std::time::Instant {
+        std::time::Instant::now() + self.shared.config.frame_timeout
+    }
+
     fn tensor(&self, call: &'static str, t: &RpcTensor) -> Result<CheckedTensor> {
         check_tensor(call, t, self.shared.registry.as_ref())
     }
@@ -149,11 +154,7 @@ impl Session {
                 let c = self.tensor("GET_TENSOR", &tensor)?;
                 let (region, at) = c.range("GET_TENSOR", offset, size)?;
                 cfg.limits.check("GET_TENSOR", size)?;
-                self.response_budget = Some(shared.budget.reserve(
-                    "GET_TENSOR",
-                    size,
-                    cfg.frame_timeout,
-                )?);
+                self.response_budget = Some(self.reserve("GET_TENSOR", size, self.wait_until())?);
                 let data = reg.read_range("GET_TENSOR", region.handle, at, size)?;
                 Session::respond(Response::Data(data))
             }
@@ -168,9 +169,7 @@ impl Session {
                     ));
                     return Session::respond(Response::Status(0));
                 };
-                let _held = shared
-                    .budget
-                    .reserve("COPY_TENSOR", s.nbytes, cfg.frame_timeout)?;
+                let _held = self.reserve("COPY_TENSOR", s.nbytes, self.wait_until())?;
                 let data = reg.read_range("COPY_TENSOR", sr.handle, sat, s.nbytes)?;
                 reg.write("COPY_TENSOR", dr.handle, dat, &data)?;
                 Session::respond(Response::Status(1))
@@ -258,9 +257,7 @@ impl Session {
                     self.shared.log(&format!("session {}: {e}", self.id));
                     return Session::respond(Response::Status(0));
                 }
-                let _held = shared
-                    .budget
-                    .reserve("COPY_TENSOR_TO", size, cfg.frame_timeout)?;
+                let _held = self.reserve("COPY_TENSOR_TO", size, self.wait_until())?;
                 let data = reg.read_range("COPY_TENSOR_TO", region.handle, at, size)?;
                 // No lock is held while talking to the peer.
                 match self.peers.copy(&endpoint, &dst, &data) {

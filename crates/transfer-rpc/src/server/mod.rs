@@ -138,7 +138,7 @@ impl Server {
             live: Mutex::new(HashMap::new()),
             closed_with_error: AtomicU64::new(0),
             admission,
-            budget: InflightBudget::new(config.inflight_budget),
+            budget: InflightBudget::with_share(config.inflight_budget, config.inflight_per_address),
             config,
         });
         Ok(Server { shared, listener })

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{IpAddr, TcpStream};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::Instant;
 
 use super::Shared;
 use super::admission::SessionSlot;
@@ -14,6 +14,7 @@ use super::peer::{PeerAllow, PeerConfig, PeerPool};
 #[cfg(feature = "engine")]
 use crate::engine_link::EngineSession;
 use crate::error::{Result, RpcError};
+use crate::io::Deadline;
 use crate::protocol::frame::{REQUEST_HEADER_SIZE, encode_response};
 use crate::protocol::request::{
     SET_TENSOR_HEADER_SIZE, decode_set_tensor_header, max_request_payload,
@@ -28,8 +29,9 @@ pub struct Session {
     pub(super) peer_ip: IpAddr,
     /// The session slot, from the HELLO on (released on drop).
     pub(super) slot: Option<SessionSlot>,
-    /// The read timeout the socket has now (set only when it changes).
-    read_timeout: Option<Duration>,
+    /// When the connection was accepted: its HELLO is due `hello_timeout`
+    /// after it, however it trickles in.
+    started: Instant,
     /// Budget held by the response being sent (GET_TENSOR data).
     pub(super) response_budget: Option<Reservation>,
     pub(super) shared: Arc<Shared>,
@@ -71,7 +73,7 @@ impl Session {
             id,
             peer_ip,
             slot: None,
-            read_timeout: Some(c.hello_timeout),
+            started: Instant::now(),
             response_budget: None,
             shared,
             hello_done: false,
@@ -99,37 +101,39 @@ impl Session {
         self.slot.is_some()
     }
 
-    fn set_read_timeout(&mut self, stream: &TcpStream, t: Option<Duration>) -> Result<()> {
-        if self.read_timeout != t {
-            stream
-                .set_read_timeout(t)
-                .map_err(|e| RpcError::io("set_read_timeout", e))?;
-            self.read_timeout = t;
+    /// The deadline of a frame of `bytes` payload bytes started at `start`
+    /// (before the HELLO: the HELLO's deadline, counted from accept).
+    fn deadline(&self, start: Instant, bytes: u64) -> Instant {
+        let c = &self.shared.config;
+        if self.hello_done {
+            crate::io::frame_deadline(start, c.frame_timeout, bytes, c.frame_min_rate)
+        } else {
+            self.started + c.hello_timeout
         }
-        Ok(())
     }
 
     fn read_frame(&mut self, stream: &mut TcpStream) -> Result<Next> {
         let cfg = &self.shared.config;
-        // Between frames: the HELLO deadline, then the idle timeout.
-        let between = if self.hello_done {
-            cfg.idle_timeout
-        } else {
-            Some(cfg.hello_timeout)
-        };
-        let frame_timeout = cfg.frame_timeout;
-        self.set_read_timeout(stream, between)?;
         let mut head = [0u8; REQUEST_HEADER_SIZE];
-        match stream.read_exact(&mut head[..1]) {
+        // Between frames: the HELLO deadline, then the idle timeout.
+        let first = if self.hello_done {
+            stream
+                .set_read_timeout(cfg.idle_timeout)
+                .map_err(|e| RpcError::io("set_read_timeout", e))?;
+            stream.read_exact(&mut head[..1])
+        } else {
+            Deadline::new(stream, self.deadline(self.started, 0)).read_exact(&mut head[..1])
+        };
+        match first {
             Ok(()) => {}
             Err(e) if e.kind() == ErrorKind::UnexpectedEof => return Ok(Next::Closed),
             Err(e) => return Err(RpcError::io("read command", e)),
         }
-        // Inside a frame every byte must come within the frame timeout (a
-        // pending connection keeps its HELLO deadline).
-        if self.hello_done {
-            self.set_read_timeout(stream, Some(frame_timeout))?;
-        }
+        // From its first byte a frame has one deadline for all of it,
+        // however its bytes are spread out (a pending connection keeps its
+        // HELLO deadline).
+        let start = Instant::now();
+        let mut io = Deadline::new(stream, self.deadline(start, 0));
         let cmd = Command::from_byte(head[0])?;
         if cmd.is_extension() && !self.shared.config.extensions {
             return Err(RpcError::UnknownCommand(head[0]));
@@ -143,8 +147,7 @@ impl Session {
         if !self.hello_done && cmd != Command::Hello {
             return Err(RpcError::refused(cmd.name(), "HELLO must come first"));
         }
-        stream
-            .read_exact(&mut head[1..])
+        io.read_exact(&mut head[1..])
             .map_err(|e| RpcError::io("read size", e))?;
         let mut size = [0u8; 8];
         size.copy_from_slice(&head[1..]);
@@ -163,24 +166,36 @@ impl Session {
                 format!("payload of {declared} bytes, the command carries at most {most}"),
             ));
         }
+        io.set(self.deadline(start, declared));
         if cmd == Command::SetTensor {
-            self.stream_set_tensor(stream, size)?;
+            self.stream_set_tensor(&mut io, size)?;
             return Ok(Next::Streamed);
         }
-        let held = self
-            .shared
-            .budget
-            .reserve(cmd.name(), declared, cfg.frame_timeout)?;
+        let held = self.reserve(cmd.name(), declared, io.at())?;
         // Memory follows the bytes that actually arrive (fallibly).
-        let payload = crate::io::read_payload(stream, size, cmd.name())?;
+        let payload = crate::io::read_payload(&mut io, size, cmd.name())?;
         Ok(Next::Frame(cmd, payload, held))
+    }
+
+    /// Reserves `bytes` of the in-flight budget for this session's address,
+    /// waiting for them at most until `until`.
+    pub(super) fn reserve(
+        &self,
+        call: &'static str,
+        bytes: u64,
+        until: Instant,
+    ) -> Result<Reservation> {
+        let wait = until.saturating_duration_since(Instant::now());
+        self.shared
+            .budget
+            .reserve_as(call, bytes, wait, Some(self.peer_ip))
     }
 
     /// SET_TENSOR without holding its data: the destination is checked from
     /// the header before a data byte is read (a payload that does not fit
     /// its tensor is refused unread), then the data goes to the buffer in
     /// [`STREAM_CHUNK`] pieces (and to the hash cache, when asked).
-    fn stream_set_tensor(&mut self, stream: &mut TcpStream, size: usize) -> Result<()> {
+    fn stream_set_tensor(&mut self, stream: &mut Deadline<'_>, size: usize) -> Result<()> {
         const CALL: &str = "SET_TENSOR";
         let Some(len) = size.checked_sub(SET_TENSOR_HEADER_SIZE) else {
             return Err(RpcError::malformed(CALL, "shorter than its header"));
@@ -198,10 +213,7 @@ impl Session {
         }
         self.settle_before(Command::SetTensor);
         let chunk = len.min(STREAM_CHUNK);
-        let _held =
-            self.shared
-                .budget
-                .reserve(CALL, chunk as u64, self.shared.config.frame_timeout)?;
+        let _held = self.reserve(CALL, chunk as u64, stream.at())?;
         let mut buf = Vec::new();
         buf.try_reserve_exact(chunk)
             .map_err(|_| RpcError::refused(CALL, format!("cannot allocate {chunk} bytes")))?;
@@ -268,7 +280,15 @@ impl Session {
                 Next::Frame(c, p, r) => (c, p, r),
             };
             if let Some(resp) = self.handle_frame(cmd, &payload)? {
-                write_response(stream, &resp)?;
+                let bytes = match &resp {
+                    Response::Data(d) => d.len() as u64,
+                    _ => 0,
+                };
+                // The answer has one deadline too: a client that takes a
+                // large GET_TENSOR a byte at a time would otherwise hold
+                // its share of the in-flight budget for ever.
+                let mut io = Deadline::new(stream, self.deadline(Instant::now(), bytes));
+                write_response(&mut io, &resp)?;
             }
             self.response_budget = None;
         }
@@ -330,7 +350,7 @@ impl Session {
 }
 
 /// Writes one response frame; data answers go out without another copy.
-fn write_response(stream: &mut TcpStream, resp: &Response) -> Result<()> {
+fn write_response(stream: &mut impl Write, resp: &Response) -> Result<()> {
     let io = |e| RpcError::io("write response", e);
     match resp {
         Response::Data(d) => {
