@@ -95,6 +95,23 @@ impl PeerAllow {
         Ok(PeerAllow(rules))
     }
 
+    /// Whether a rule allows the host `ip` (port `port`, when the address
+    /// has one): `any`, a network holding it, or an exact `ip:port`.
+    pub fn permits_ip(&self, ip: IpAddr, port: Option<u16>) -> bool {
+        self.0.iter().any(|r| match r {
+            PeerRule::Any => true,
+            PeerRule::Net(net, bits) => in_net(ip, *net, *bits),
+            PeerRule::Endpoint(e) => {
+                port.is_some_and(|p| e.parse::<SocketAddr>() == Ok(SocketAddr::new(ip, p)))
+            }
+        })
+    }
+
+    /// Whether the rules allow only what `any` allows.
+    pub fn permits_any(&self) -> bool {
+        self.0.contains(&PeerRule::Any)
+    }
+
     /// What to connect to for `endpoint`, if a rule allows it: the
     /// endpoint itself (`any`, an exact rule) or the checked socket address
     /// (a network rule; connecting to the literal address means nothing is
@@ -268,6 +285,13 @@ mod tests {
         assert!(net.permits("host.example:8").is_none());
         assert!(allow(&["any"]).permits("anything:1").is_some());
         assert!(allow(&["0.0.0.0/0"]).permits("192.168.1.1:1").is_some());
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap_or(IpAddr::from([0, 0, 0, 0]));
+        assert!(lo.permits_ip(ip("127.0.0.9"), None));
+        assert!(!lo.permits_ip(ip("10.0.0.1"), Some(5)));
+        let exact = allow(&["10.1.2.3:7"]);
+        assert!(exact.permits_ip(ip("10.1.2.3"), Some(7)));
+        assert!(!exact.permits_ip(ip("10.1.2.3"), Some(8)));
+        assert!(!exact.permits_ip(ip("10.1.2.3"), None));
         for bad in ["10.0.0.0/33", "nonsense", ":80", "host:99999"] {
             assert!(PeerAllow::parse(&[bad.to_string()]).is_err(), "{bad}");
         }
