@@ -294,3 +294,191 @@ fn a_hello_over_the_address_share_is_refused_at_once() {
     assert!(refused.is_err());
     assert!(took < Duration::from_secs(1), "{took:?}");
 }
+
+/// The graph a session keeps for GRAPH_RECOMPUTE is charged against --mem
+/// (GET_DEVICE_MEMORY shows it) and bounded per session: a graph padded
+/// with thousands of tensors no node uses is refused, not kept.
+#[test]
+fn retained_graphs_are_counted_and_bounded() {
+    let h = start_adding(ServerConfig {
+        memory_quota: 64 << 20,
+        max_buffer_size: 64 << 20,
+        max_graph_bytes_per_session: 256 << 10,
+        ..ServerConfig::default()
+    });
+    let mut c = connect(&h);
+    let (buf, base) = alloc(&mut c, 1 << 20);
+    let (free0, _) = c.get_device_memory(0).unwrap();
+    let g = add_graph(buf, base, 4);
+    c.set_tensor(&g.tensors[0], 0, &f32_bytes(&[1.0, 2.0, 3.0, 4.0]))
+        .unwrap();
+    c.set_tensor(&g.tensors[1], 0, &f32_bytes(&[10.0; 4]))
+        .unwrap();
+    c.graph_compute(&g).unwrap();
+    c.graph_recompute(0).unwrap();
+    assert_eq!(
+        floats(&c.get_tensor(&g.tensors[2], 0, 16).unwrap()),
+        [11.0, 12.0, 13.0, 14.0]
+    );
+    let (free1, _) = c.get_device_memory(0).unwrap();
+    println!(
+        "a kept 3-tensor graph takes {} bytes of --mem",
+        free0 - free1
+    );
+    assert!(free1 < free0, "the kept graph is not counted");
+    // 5000 unused tensors beside the same node.
+    let mut padded = add_graph(buf, base, 4);
+    for i in 0..5000u64 {
+        padded
+            .tensors
+            .push(f32_tensor(100 + i, buf, base, 4 * (i % 1000), 1));
+    }
+    c.graph_compute(&padded).unwrap();
+    assert!(is_closed(&mut c), "a graph over --max-graph-mib was kept");
+    // The closed session's graph and buffer are given back.
+    let mut d = connect(&h);
+    let t0 = Instant::now();
+    while d.get_device_memory(0).unwrap().0 != 64 << 20 {
+        assert!(t0.elapsed() < Duration::from_secs(5), "not given back");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// SET_TENSOR_HASH reads its cache entry into memory: that memory comes
+/// from the in-flight budget (without room the client is told "not
+/// cached" and uploads it).
+#[test]
+fn hash_cache_reads_are_counted_in_the_inflight_budget() {
+    let dir = std::env::temp_dir().join(format!("tenant-bounds-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let h = start(ServerConfig {
+        memory_quota: 64 << 20,
+        max_buffer_size: 64 << 20,
+        cache_dir: Some(dir.clone()),
+        inflight_budget: 8 << 20,
+        inflight_per_address: 1 << 20,
+        ..ServerConfig::default()
+    });
+    let mut c = connect(&h);
+    let (buf, base) = alloc(&mut c, 4 << 20);
+    let big: Vec<u8> = (0..2u32 << 20).map(|i| (i % 253) as u8).collect();
+    let small = vec![9u8; 512 << 10];
+    let t = f32_tensor(1, buf, base, 0, 1 << 20);
+    c.set_tensor_cached(&t, 0, &big, true).unwrap();
+    c.set_tensor_cached(&t, 0, &small, true).unwrap();
+    let hit_small = c
+        .set_tensor_hash(&t, 0, transfer_rpc::hash::fnv1a64(&small))
+        .unwrap();
+    let hit_big = c
+        .set_tensor_hash(&t, 0, transfer_rpc::hash::fnv1a64(&big))
+        .unwrap();
+    println!("cache hits within a 1 MiB share: 512 KiB {hit_small}, 2 MiB {hit_big}");
+    assert!(hit_small);
+    assert!(!hit_big, "a 2 MiB entry read outside a 1 MiB share");
+    assert_eq!(h.shared().budget.used(), 0);
+    // The fallback upload streams within the share.
+    c.set_tensor(&t, 0, &big).unwrap();
+    assert_eq!(c.get_tensor(&t, 0, 64).unwrap(), big[..64]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A session copying to ever new destinations keeps at most
+/// --max-peer-connections of them open (each is a socket here and a
+/// session on the destination).
+#[test]
+fn peer_connections_are_capped_per_session() {
+    let src = start(ServerConfig {
+        max_peer_connections_per_session: 2,
+        ..ServerConfig::default()
+    });
+    let dests: Vec<_> = (0..4).map(|_| start_default()).collect();
+    let mut c = connect(&src);
+    let (sb, sbase) = alloc(&mut c, 4096);
+    let st = f32_tensor(1, sb, sbase, 0, 16);
+    c.set_tensor(&st, 0, &[7u8; 64]).unwrap();
+    let mut owners = Vec::new();
+    for d in &dests {
+        let mut o = connect(d);
+        let (db, dbase) = alloc(&mut o, 4096);
+        let dt = f32_tensor(1, db, dbase, 0, 16);
+        assert!(c.copy_tensor_to(&st, &dt, 64, &d.endpoint()).unwrap());
+        assert_eq!(o.get_tensor(&dt, 0, 64).unwrap(), vec![7u8; 64]);
+        owners.push(o);
+    }
+    // Each destination: its owner's session, plus the source's peer
+    // connection while it is kept.
+    let peers = || -> usize { dests.iter().map(|d| d.shared().live_sessions() - 1).sum() };
+    let t0 = Instant::now();
+    while peers() > 2 && t0.elapsed() < Duration::from_secs(3) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    println!(
+        "peer connections held after copies to 4 destinations: {}",
+        peers()
+    );
+    assert_eq!(peers(), 2);
+}
+
+/// SET_TENSOR has one implementation: a whole frame handed to
+/// `Session::handle_frame` (what the fuzzers drive) takes the socket's
+/// streaming path, in-flight budget included. With this address's share
+/// held, it waits and is refused; once the share is free it lands.
+#[test]
+fn set_tensor_from_a_whole_frame_takes_the_socket_path() {
+    use transfer_rpc::server::session::Session;
+    let h = start(ServerConfig {
+        memory_quota: 16 << 20,
+        max_buffer_size: 16 << 20,
+        inflight_budget: 8 << 20,
+        inflight_per_address: 256 << 10,
+        frame_timeout: Duration::from_millis(200),
+        ..ServerConfig::default()
+    });
+    let ip = std::net::IpAddr::from([127, 0, 0, 1]);
+    h.shared().admission.accepted(1 << 40, ip, None);
+    let mut s = Session::new(1 << 40, ip, Arc::clone(h.shared()));
+    let hello = Request::Hello(HelloRequest::default()).encode_payload();
+    s.handle_frame(Command::Hello, &hello).unwrap();
+    let reply = s
+        .handle_frame(
+            Command::AllocBuffer,
+            &Request::AllocBuffer {
+                device: 0,
+                size: 1 << 20,
+            }
+            .encode_payload(),
+        )
+        .unwrap();
+    let Some(transfer_rpc::protocol::Response::AllocBuffer { remote_ptr, .. }) = reply else {
+        panic!("{reply:?}")
+    };
+    let base = h.shared().registry.get(remote_ptr).unwrap().base;
+    let t = f32_tensor(1, remote_ptr, base, 0, 1 << 18);
+    let data = vec![0x3Cu8; 1 << 20];
+    let frame = Request::SetTensor {
+        tensor: Box::new(t),
+        cache_flag: 0,
+        offset: 0,
+        data: &data,
+    }
+    .encode_payload();
+    let held = h
+        .shared()
+        .budget
+        .reserve_as("test", 256 << 10, Duration::ZERO, Some(ip))
+        .unwrap();
+    let refused = s.handle_frame(Command::SetTensor, &frame);
+    println!("SET_TENSOR through handle_frame with the share held: {refused:?}");
+    assert!(refused.is_err(), "a whole-frame SET_TENSOR took no budget");
+    drop(held);
+    s.handle_frame(Command::SetTensor, &frame).unwrap();
+    assert_eq!(
+        h.shared()
+            .registry
+            .read_range("t", remote_ptr, 0, 1 << 20)
+            .unwrap(),
+        data
+    );
+    s.close();
+}

@@ -38,6 +38,14 @@ struct Cli {
     /// descriptor limit, `ulimit -n`, holds next to the connections).
     #[arg(long, default_value_t = 16384)]
     max_buffers: usize,
+    /// MiB the graphs one session keeps for GRAPH_RECOMPUTE (its last graph
+    /// per device) may take; they are charged against --mem too.
+    #[arg(long, default_value_t = 64)]
+    max_graph_mib: u64,
+    /// Peer connections (COPY_TENSOR_TO destinations) one session keeps
+    /// open; one more closes the least recently used.
+    #[arg(long, default_value_t = 8)]
+    max_peer_connections: usize,
     /// SET_TENSOR_HASH cache directory (enables the cache).
     #[arg(short, long)]
     cache: Option<PathBuf>,
@@ -205,6 +213,8 @@ fn main() -> ExitCode {
         max_buffer_size: quota,
         max_buffers_per_session: cli.max_buffers_per_session,
         max_buffers: cli.max_buffers,
+        max_graph_bytes_per_session: cli.max_graph_mib.saturating_mul(1 << 20),
+        max_peer_connections_per_session: cli.max_peer_connections,
         max_connections: cli.max_connections,
         max_connections_per_address: cli.max_connections_per_address,
         hello_timeout: std::time::Duration::from_secs(cli.hello_timeout_s.max(1)),

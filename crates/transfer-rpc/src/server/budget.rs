@@ -84,6 +84,11 @@ impl InflightBudget {
         })
     }
 
+    /// The most one address may hold.
+    pub fn per_address(&self) -> u64 {
+        self.per_address
+    }
+
     /// Bytes reserved now.
     pub fn used(&self) -> u64 {
         self.used

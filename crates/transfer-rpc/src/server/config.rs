@@ -29,6 +29,10 @@ pub struct ServerConfig {
     /// Most live buffers of all sessions together; [`super::Server::bind`]
     /// lowers it to what the process's descriptor limit can hold.
     pub max_buffers: usize,
+    /// Most bytes the graphs a session keeps for GRAPH_RECOMPUTE (its last
+    /// graph per device) may take; they are charged against
+    /// `memory_quota` too.
+    pub max_graph_bytes_per_session: u64,
     /// Alignment reported by GET_ALIGNMENT.
     pub alignment: u64,
     /// Most concurrent sessions (connections past HELLO). A HELLO that finds
@@ -108,6 +112,7 @@ impl Default for ServerConfig {
             max_buffer_size: quota,
             max_buffers_per_session: 256,
             max_buffers: 16384,
+            max_graph_bytes_per_session: 64 << 20,
             alignment: 64,
             max_connections: 64,
             max_connections_per_address: 32,

@@ -114,22 +114,11 @@ impl Session {
                 reg.fill("BUFFER_CLEAR", remote_ptr, 0, b.size, value)?;
                 Ok(None)
             }
-            Request::SetTensor {
-                tensor,
-                cache_flag,
-                offset,
-                data,
-            } => {
-                let c = self.tensor("SET_TENSOR", &tensor)?;
-                let (region, at) = c.range("SET_TENSOR", offset, data.len() as u64)?;
-                reg.write("SET_TENSOR", region.handle, at, data)?;
-                if cache_flag != 0 {
-                    if let Some(cache) = &self.shared.cache {
-                        if let Err(e) = cache.put(data) {
-                            self.shared.log(&format!("session {}: {e}", self.id));
-                        }
-                    }
-                }
+            req @ Request::SetTensor { .. } => {
+                // Only reached by a caller of `dispatch` with a decoded
+                // request: the one SET_TENSOR implementation takes bytes.
+                let payload = req.encode_payload();
+                self.set_tensor(&mut payload.as_slice(), payload.len(), self.wait_until())?;
                 Ok(None)
             }
             Request::SetTensorHash {
@@ -139,7 +128,23 @@ impl Session {
             } => {
                 let c = self.tensor("SET_TENSOR_HASH", &tensor)?;
                 let room = c.nbytes.saturating_sub(offset);
-                let Some(data) = self.shared.cache.as_ref().and_then(|k| k.get(hash, room)) else {
+                let Some(cache) = self.shared.cache.as_ref() else {
+                    return Session::respond(Response::Status(0));
+                };
+                let Some(len) = cache.entry_len(hash).filter(|&l| l <= room) else {
+                    return Session::respond(Response::Status(0));
+                };
+                // The entry is read whole into memory: that memory comes
+                // from the in-flight budget like any payload. Without room
+                // the client is told "not cached" and uploads it (streamed).
+                let _held = match self.reserve("SET_TENSOR_HASH", len, self.wait_until()) {
+                    Ok(h) => h,
+                    Err(e) => {
+                        self.shared.log(&format!("session {}: {e}", self.id));
+                        return Session::respond(Response::Status(0));
+                    }
+                };
+                let Some(data) = cache.get(hash, len) else {
                     return Session::respond(Response::Status(0));
                 };
                 let (region, at) = c.range("SET_TENSOR_HASH", offset, data.len() as u64)?;
@@ -177,7 +182,10 @@ impl Session {
             Request::GraphCompute(g) => {
                 let graph = validate_graph(*g, cfg.devices, reg.as_ref(), &cfg.graph_limits)?;
                 let graph = Arc::new(graph);
+                // Kept for GRAPH_RECOMPUTE: counted before it runs.
+                let held = self.hold_graph(&graph)?;
                 self.run_graph(&graph)?;
+                self.last_graph_held.insert(graph.device, held);
                 self.last_graph.insert(graph.device, graph);
                 Ok(None)
             }

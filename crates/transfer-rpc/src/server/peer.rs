@@ -10,7 +10,7 @@
 //! copies may go ([`PeerAllow`]); by default nowhere (COPY_TENSOR_TO then
 //! answers 0 and the client copies through itself).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
@@ -137,6 +137,9 @@ pub struct PeerConfig {
     pub connect_timeout: Duration,
     /// Read/write timeout.
     pub io_timeout: Duration,
+    /// Most connections kept open (one more closes the least recently
+    /// used); also bounds the destinations remembered as unsupported.
+    pub max_connections: usize,
 }
 
 /// Cached peer connections of one session.
@@ -144,6 +147,8 @@ pub struct PeerConfig {
 pub struct PeerPool {
     config: PeerConfig,
     conns: HashMap<String, Client>,
+    /// Cached endpoints, least recently used first.
+    order: VecDeque<String>,
     unsupported: HashSet<String>,
 }
 
@@ -153,6 +158,7 @@ impl PeerPool {
         PeerPool {
             config,
             conns: HashMap::new(),
+            order: VecDeque::new(),
             unsupported: HashSet::new(),
         }
     }
@@ -214,6 +220,15 @@ impl PeerPool {
         if !self.conns.contains_key(endpoint) {
             match self.connect(endpoint) {
                 Ok(c) => {
+                    // A client naming ever new destinations would otherwise
+                    // make this session hold a socket (and a session on the
+                    // destination) for each.
+                    while self.conns.len() >= self.config.max_connections.max(1) {
+                        let Some(old) = self.order.pop_front() else {
+                            break;
+                        };
+                        self.conns.remove(&old);
+                    }
                     self.conns.insert(endpoint.to_owned(), c);
                 }
                 Err(e) => {
@@ -221,12 +236,17 @@ impl PeerPool {
                         e,
                         RpcError::ExtensionUnsupported { .. } | RpcError::Version { .. }
                     ) {
+                        if self.unsupported.len() >= 8 * self.config.max_connections.max(1) {
+                            self.unsupported.clear();
+                        }
                         self.unsupported.insert(endpoint.to_owned());
                     }
                     return Err(e.to_string());
                 }
             }
         }
+        self.order.retain(|e| e != endpoint);
+        self.order.push_back(endpoint.to_owned());
         let Some(conn) = self.conns.get_mut(endpoint) else {
             return Err("peer connection vanished".into());
         };
@@ -236,14 +256,19 @@ impl PeerPool {
         match result {
             Ok(true) => Ok(()),
             Ok(false) => {
-                self.conns.remove(endpoint);
+                self.forget(endpoint);
                 Err("peer barrier failed".into())
             }
             Err(e) => {
-                self.conns.remove(endpoint);
+                self.forget(endpoint);
                 Err(format!("destination rejected or dropped the write: {e}"))
             }
         }
+    }
+
+    fn forget(&mut self, endpoint: &str) {
+        self.conns.remove(endpoint);
+        self.order.retain(|e| e != endpoint);
     }
 
     /// Number of cached connections.

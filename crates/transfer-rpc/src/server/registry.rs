@@ -414,6 +414,43 @@ impl BufferRegistry {
     }
 }
 
+/// Bytes held against a registry's quota besides its buffers (a retained
+/// graph); given back on drop.
+#[derive(Debug)]
+pub struct Held {
+    registry: std::sync::Weak<BufferRegistry>,
+    bytes: u64,
+}
+
+impl Held {
+    /// Bytes held.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Some(r) = self.registry.upgrade() {
+            let mut inner = r.lock();
+            inner.used = inner.used.saturating_sub(self.bytes);
+        }
+    }
+}
+
+impl BufferRegistry {
+    /// Charges `bytes` of server memory that is not a buffer against the
+    /// quota (GET_DEVICE_MEMORY shows it taken); `None` when it does not fit.
+    pub fn hold(self: &Arc<Self>, bytes: u64) -> Option<Held> {
+        let mut inner = self.lock();
+        inner.used = inner.used.checked_add(bytes).filter(|&u| u <= self.quota)?;
+        Some(Held {
+            registry: Arc::downgrade(self),
+            bytes,
+        })
+    }
+}
+
 /// Host memory of one write-locked buffer, as a compute backend sees it.
 #[derive(Debug, Clone, Copy)]
 pub struct LockedMemory {

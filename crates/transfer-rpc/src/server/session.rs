@@ -11,6 +11,7 @@ use super::Shared;
 use super::admission::SessionSlot;
 use super::budget::Reservation;
 use super::peer::{PeerAllow, PeerConfig, PeerPool};
+use super::registry::Held;
 #[cfg(feature = "engine")]
 use crate::engine_link::EngineSession;
 use crate::error::{Result, RpcError};
@@ -38,6 +39,9 @@ pub struct Session {
     pub(super) hello_done: bool,
     pub(super) peers: PeerPool,
     pub(super) last_graph: HashMap<u32, Arc<ValidatedGraph>>,
+    /// What each retained graph of `last_graph` is charged against --mem
+    /// (its bytes, released with it).
+    pub(super) last_graph_held: HashMap<u32, Held>,
     /// ENGINE_* state, when the server has an engine.
     #[cfg(feature = "engine")]
     pub(super) engine: Option<EngineSession>,
@@ -63,6 +67,7 @@ impl Session {
             allow: c.peer_allow.clone(),
             connect_timeout: c.peer_connect_timeout,
             io_timeout: c.peer_io_timeout,
+            max_connections: c.max_peer_connections_per_session,
         });
         #[cfg(feature = "engine")]
         let engine = c
@@ -79,6 +84,7 @@ impl Session {
             hello_done: false,
             peers,
             last_graph: HashMap::new(),
+            last_graph_held: HashMap::new(),
             #[cfg(feature = "engine")]
             engine,
         }
@@ -168,7 +174,8 @@ impl Session {
         }
         io.set(self.deadline(start, declared));
         if cmd == Command::SetTensor {
-            self.stream_set_tensor(&mut io, size)?;
+            let until = io.at();
+            self.set_tensor(&mut io, size, until)?;
             return Ok(Next::Streamed);
         }
         let held = self.reserve(cmd.name(), declared, io.at())?;
@@ -191,18 +198,56 @@ impl Session {
             .reserve_as(call, bytes, wait, Some(self.peer_ip))
     }
 
-    /// SET_TENSOR without holding its data: the destination is checked from
-    /// the header before a data byte is read (a payload that does not fit
-    /// its tensor is refused unread), then the data goes to the buffer in
-    /// [`STREAM_CHUNK`] pieces (and to the hash cache, when asked).
-    fn stream_set_tensor(&mut self, stream: &mut Deadline<'_>, size: usize) -> Result<()> {
+    /// Charges the graph `graph` retained for GRAPH_RECOMPUTE on its device
+    /// (replacing the one there) against the session's bound and --mem;
+    /// refused when it does not fit.
+    pub(super) fn hold_graph(&mut self, graph: &ValidatedGraph) -> Result<Held> {
+        const CALL: &str = "GRAPH_COMPUTE";
+        let bytes = retained_bytes(graph);
+        let most = self.shared.config.max_graph_bytes_per_session;
+        let others: u64 = self
+            .last_graph_held
+            .iter()
+            .filter(|(d, _)| **d != graph.device)
+            .map(|(_, h)| h.bytes())
+            .sum();
+        if others.saturating_add(bytes) > most {
+            return Err(RpcError::refused(
+                CALL,
+                format!(
+                    "the graph takes {bytes} bytes to keep, the session's graphs may take {most} \
+                     (--max-graph-mib)"
+                ),
+            ));
+        }
+        // The graph it replaces is given back first.
+        self.last_graph_held.remove(&graph.device);
+        self.shared
+            .registry
+            .hold(bytes)
+            .ok_or_else(|| RpcError::refused(CALL, format!("{bytes} bytes do not fit the quota")))
+    }
+
+    /// SET_TENSOR, the one implementation (sockets stream into it, whole
+    /// frames from [`Session::handle_frame`] and the fuzzers pass their
+    /// payload as `data`): `size` payload bytes, header first. The
+    /// destination is checked from the header before a data byte is read (a
+    /// payload that does not fit its tensor is refused unread), then the
+    /// data goes to the buffer in [`STREAM_CHUNK`] pieces (and to the hash
+    /// cache, when asked), holding at most one piece of in-flight budget,
+    /// waited for until `until`.
+    pub(super) fn set_tensor(
+        &mut self,
+        data: &mut impl Read,
+        size: usize,
+        until: Instant,
+    ) -> Result<()> {
         const CALL: &str = "SET_TENSOR";
         let Some(len) = size.checked_sub(SET_TENSOR_HEADER_SIZE) else {
             return Err(RpcError::malformed(CALL, "shorter than its header"));
         };
         let mut head = [0u8; SET_TENSOR_HEADER_SIZE];
-        stream
-            .read_exact(&mut head)
+        data.read_exact(&mut head)
             .map_err(|e| RpcError::io(CALL, e))?;
         let (tensor, cache_flag, offset) = decode_set_tensor_header(&head)?;
         let c = crate::validate::check_tensor(CALL, &tensor, self.shared.registry.as_ref())?;
@@ -212,8 +257,10 @@ impl Session {
                 .log(&format!("session {}: SET_TENSOR {len} bytes", self.id));
         }
         self.settle_before(Command::SetTensor);
-        let chunk = len.min(STREAM_CHUNK);
-        let _held = self.reserve(CALL, chunk as u64, stream.at())?;
+        let chunk = len
+            .min(STREAM_CHUNK)
+            .min(usize::try_from(self.shared.budget.per_address()).unwrap_or(usize::MAX));
+        let _held = self.reserve(CALL, chunk as u64, until)?;
         let mut buf = Vec::new();
         buf.try_reserve_exact(chunk)
             .map_err(|_| RpcError::refused(CALL, format!("cannot allocate {chunk} bytes")))?;
@@ -228,9 +275,7 @@ impl Session {
             let piece = buf
                 .get_mut(..n)
                 .ok_or_else(|| RpcError::refused(CALL, "chunk"))?;
-            stream
-                .read_exact(piece)
-                .map_err(|e| RpcError::io(CALL, e))?;
+            data.read_exact(piece).map_err(|e| RpcError::io(CALL, e))?;
             self.shared
                 .registry
                 .write(CALL, region.handle, at + done as u64, piece)?;
@@ -252,6 +297,12 @@ impl Session {
     /// SET_TENSOR path and writing); an error means the connection would be
     /// closed. Fuzzers and tests drive sessions through it.
     pub fn handle_frame(&mut self, cmd: Command, payload: &[u8]) -> Result<Option<Response>> {
+        if cmd == Command::SetTensor && self.hello_done {
+            // The path sockets take, fed from the payload.
+            let until = Instant::now() + self.shared.config.frame_timeout;
+            self.set_tensor(&mut &payload[..], payload.len(), until)?;
+            return Ok(None);
+        }
         let req = match Request::decode(cmd, payload) {
             Ok(r) => r,
             Err(e) => match engine_refusal(cmd) {
@@ -314,10 +365,12 @@ impl Session {
                 .log(&format!("session {}: freed {freed} buffers", self.id));
         }
         self.last_graph.clear();
+        self.last_graph_held.clear();
         self.peers = PeerPool::new(PeerConfig {
             allow: PeerAllow::default(),
             connect_timeout: self.shared.config.peer_connect_timeout,
             io_timeout: self.shared.config.peer_io_timeout,
+            max_connections: 1,
         });
     }
 
@@ -347,6 +400,22 @@ impl Session {
     pub(super) fn respond(r: Response) -> Result<Option<Response>> {
         Ok(Some(r))
     }
+}
+
+/// Bytes a validated graph keeps in memory while it is retained for
+/// GRAPH_RECOMPUTE: its tensor records with their checked layouts and
+/// links, and its node and check lists.
+pub fn retained_bytes(g: &ValidatedGraph) -> u64 {
+    use std::mem::size_of;
+    let per_tensor = size_of::<crate::protocol::RpcTensor>()
+        + size_of::<crate::validate::CheckedTensor>()
+        + size_of::<[Option<usize>; crate::protocol::tensor::MAX_SRC]>()
+        + size_of::<Option<usize>>();
+    let lists = g.nodes.len()
+        + g.upfront_index_checks.len()
+        + g.deferred_index_checks.len()
+        + g.deferred_index_positions.len();
+    (size_of::<ValidatedGraph>() + per_tensor * g.tensors.len() + size_of::<usize>() * lists) as u64
 }
 
 /// Writes one response frame; data answers go out without another copy.
