@@ -303,7 +303,7 @@ pub fn fit_descriptors(c: &ServerConfig) -> Option<usize> {
             lim = raised;
         }
     }
-    let have = u64::try_from(lim.rlim_cur).unwrap_or(u64::MAX);
+    let have: u64 = lim.rlim_cur;
     let left = have.saturating_sub(descriptors_besides_buffers(c));
     Some(usize::try_from(left).unwrap_or(usize::MAX))
 }
