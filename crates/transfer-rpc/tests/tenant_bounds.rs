@@ -482,3 +482,42 @@ fn set_tensor_from_a_whole_frame_takes_the_socket_path() {
     );
     s.close();
 }
+
+/// Copies stage a piece at a time: a copy far larger than an address's
+/// in-flight share goes through (holding at most one piece), locally and
+/// to a peer.
+#[test]
+fn copies_larger_than_the_share_are_staged_in_pieces() {
+    let cfg = || ServerConfig {
+        memory_quota: 64 << 20,
+        max_buffer_size: 64 << 20,
+        inflight_budget: 8 << 20,
+        inflight_per_address: 1 << 20,
+        ..ServerConfig::default()
+    };
+    let (src, dst) = (start(cfg()), start(cfg()));
+    let n: u64 = 6 << 20;
+    let mut a = connect(&src);
+    let (ha, ba) = alloc(&mut a, 2 * n);
+    let (t1, t2) = (
+        f32_tensor(1, ha, ba, 0, (n / 4) as u32),
+        f32_tensor(2, ha, ba, n, (n / 4) as u32),
+    );
+    let data: Vec<u8> = (0..n).map(|i| (i % 241) as u8).collect();
+    a.set_tensor(&t1, 0, &data).unwrap();
+    assert!(a.copy_tensor(&t1, &t2).unwrap());
+    assert_eq!(
+        a.get_tensor(&t2, n - 4096, 4096).unwrap(),
+        data[(n - 4096) as usize..]
+    );
+    let mut b = connect(&dst);
+    let (hb, bb) = alloc(&mut b, n);
+    let tb = f32_tensor(1, hb, bb, 0, (n / 4) as u32);
+    assert!(a.copy_tensor_to(&t1, &tb, n, &dst.endpoint()).unwrap());
+    assert_eq!(
+        b.get_tensor(&tb, n - 4096, 4096).unwrap(),
+        data[(n - 4096) as usize..]
+    );
+    assert_eq!(b.get_tensor(&tb, 0, 4096).unwrap(), data[..4096]);
+    assert_eq!(src.shared().budget.used(), 0);
+}

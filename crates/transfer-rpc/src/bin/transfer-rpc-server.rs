@@ -67,7 +67,7 @@ struct Cli {
     inflight_mib: u64,
     /// MiB of --inflight-mib that the sessions of one client address may
     /// hold together.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 512)]
     inflight_per_address_mib: u64,
     /// Seconds a frame may take, first byte to last, in either direction
     /// (a request being read, an answer being taken), plus its size at

@@ -133,7 +133,7 @@ impl Default for ServerConfig {
             max_peer_connections_per_session: 8,
             idle_timeout: None,
             inflight_budget: 1 << 30,
-            inflight_per_address: 256 << 20,
+            inflight_per_address: 512 << 20,
             verbose: false,
             #[cfg(feature = "engine")]
             engine: None,

@@ -20,6 +20,15 @@ impl Session {
         }
     }
 
+    /// The piece a copy of `total` bytes is staged in: at most
+    /// `STREAM_CHUNK`, and never more than one address may hold.
+    fn stage_chunk(&self, total: u64) -> u64 {
+        total
+            .min(super::session::STREAM_CHUNK as u64)
+            .min(self.shared.budget.per_address())
+            .max(1)
+    }
+
     /// How long a command may wait for in-flight budget: the frame timeout.
     fn wait_until(&self) -> std::time::Instant {
         std::time::Instant::now() + self.shared.config.frame_timeout
@@ -174,9 +183,17 @@ impl Session {
                     ));
                     return Session::respond(Response::Status(0));
                 };
-                let _held = self.reserve("COPY_TENSOR", s.nbytes, self.wait_until())?;
-                let data = reg.read_range("COPY_TENSOR", sr.handle, sat, s.nbytes)?;
-                reg.write("COPY_TENSOR", dr.handle, dat, &data)?;
+                // Staged a piece at a time: a copy of any size holds at
+                // most one piece of in-flight budget.
+                let chunk = self.stage_chunk(s.nbytes);
+                let _held = self.reserve("COPY_TENSOR", chunk, self.wait_until())?;
+                let mut done = 0;
+                while done < s.nbytes {
+                    let n = (s.nbytes - done).min(chunk);
+                    let data = reg.read_range("COPY_TENSOR", sr.handle, sat + done, n)?;
+                    reg.write("COPY_TENSOR", dr.handle, dat + done, &data)?;
+                    done += n;
+                }
                 Session::respond(Response::Status(1))
             }
             Request::GraphCompute(g) => {
@@ -265,10 +282,14 @@ impl Session {
                     self.shared.log(&format!("session {}: {e}", self.id));
                     return Session::respond(Response::Status(0));
                 }
-                let _held = self.reserve("COPY_TENSOR_TO", size, self.wait_until())?;
-                let data = reg.read_range("COPY_TENSOR_TO", region.handle, at, size)?;
-                // No lock is held while talking to the peer.
-                match self.peers.copy(&endpoint, &dst, &data) {
+                let chunk = self.stage_chunk(size);
+                let _held = self.reserve("COPY_TENSOR_TO", chunk, self.wait_until())?;
+                // A piece at a time; no lock is held while talking to the peer.
+                let read = |off: u64, n: u64| {
+                    reg.read_range("COPY_TENSOR_TO", region.handle, at + off, n)
+                        .map_err(|e| e.to_string())
+                };
+                match self.peers.copy(&endpoint, &dst, size, chunk, read) {
                     Ok(()) => Session::respond(Response::Status(1)),
                     Err(reason) => {
                         self.shared.log(&format!(

@@ -205,14 +205,17 @@ impl PeerPool {
         Ok(c)
     }
 
-    /// Writes `data` into `dst` on `endpoint` and waits for PEER_BARRIER.
+    /// Writes `size` bytes into `dst` on `endpoint`, `chunk` bytes at a
+    /// time as `read(offset, len)` gives them, and waits for PEER_BARRIER.
     /// Returns false (with the reason) on any failure; the connection is
     /// dropped so the next attempt starts fresh.
     pub fn copy(
         &mut self,
         endpoint: &str,
         dst: &RpcTensor,
-        data: &[u8],
+        size: u64,
+        chunk: u64,
+        mut read: impl FnMut(u64, u64) -> std::result::Result<Vec<u8>, String>,
     ) -> std::result::Result<(), String> {
         if self.unsupported.contains(endpoint) {
             return Err(format!("{endpoint} does not support the extension"));
@@ -250,9 +253,18 @@ impl PeerPool {
         let Some(conn) = self.conns.get_mut(endpoint) else {
             return Err("peer connection vanished".into());
         };
-        let result = conn
-            .set_tensor(dst, 0, data)
-            .and_then(|()| conn.peer_barrier());
+        let mut done = 0u64;
+        let mut result = Ok(true);
+        while done < size {
+            let n = (size - done).min(chunk.max(1));
+            let piece = read(done, n)?;
+            if let Err(e) = conn.set_tensor(dst, done, &piece) {
+                result = Err(e);
+                break;
+            }
+            done += n;
+        }
+        let result = result.and_then(|_| conn.peer_barrier());
         match result {
             Ok(true) => Ok(()),
             Ok(false) => {

@@ -57,7 +57,7 @@ enum Next {
 
 /// SET_TENSOR data is copied to its buffer in pieces of at most this many
 /// bytes, so a session holds at most this much of a large upload.
-const STREAM_CHUNK: usize = 4 << 20;
+pub(super) const STREAM_CHUNK: usize = 4 << 20;
 
 impl Session {
     /// A new session for connection `id`.
