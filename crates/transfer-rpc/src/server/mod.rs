@@ -304,7 +304,12 @@ pub fn fit_descriptors(c: &ServerConfig) -> Option<usize> {
         }
     }
     let have: u64 = lim.rlim_cur;
-    let left = have.saturating_sub(descriptors_besides_buffers(c));
+    // The estimate assumes every connection slot full at once; under a
+    // small limit buffers still get a quarter of it (the accept loop backs
+    // off if connections then run out).
+    let left = have
+        .saturating_sub(descriptors_besides_buffers(c))
+        .max(have / 4);
     Some(usize::try_from(left).unwrap_or(usize::MAX))
 }
 
