@@ -65,6 +65,8 @@ fn config() -> ServerConfig {
         inflight_budget: 64 << 20,
         inflight_per_address: 8 << 20,
         frame_timeout: Duration::from_secs(1),
+        // A trickled 8 MiB frame's deadline stays near the 1 s timeout.
+        frame_min_rate: 1 << 30,
         ..ServerConfig::default()
     }
 }
@@ -342,8 +344,14 @@ fn well_behaved_clients_keep_their_latency_under_a_noisy_neighbour() {
         }
         attack.extend(hog(&h, &stop));
         // Let the attack take hold: allocations at their cap, budget held.
+        let attack_start = Instant::now();
         std::thread::sleep(Duration::from_millis(400));
         attacked.extend(round(&h, 2 * r + 1, src.as_ref()));
+        // On a fast host the round ends before any trickled frame reached
+        // its deadline: keep the attack on until some have.
+        if let Some(rest) = Duration::from_millis(1600).checked_sub(attack_start.elapsed()) {
+            std::thread::sleep(rest);
+        }
         stop.store(true, Ordering::Relaxed);
         for t in attack {
             t.join().unwrap();
