@@ -483,9 +483,9 @@ fn set_tensor_from_a_whole_frame_takes_the_socket_path() {
     s.close();
 }
 
-/// Copies stage a piece at a time: a copy far larger than an address's
-/// in-flight share goes through (holding at most one piece), locally and
-/// to a peer.
+/// Copies and answers stage a piece at a time: a copy or a GET_TENSOR far
+/// larger than an address's in-flight share goes through (holding at most
+/// one piece), locally and to a peer.
 #[test]
 fn copies_larger_than_the_share_are_staged_in_pieces() {
     let cfg = || ServerConfig {
@@ -505,6 +505,7 @@ fn copies_larger_than_the_share_are_staged_in_pieces() {
     );
     let data: Vec<u8> = (0..n).map(|i| (i % 241) as u8).collect();
     a.set_tensor(&t1, 0, &data).unwrap();
+    assert!(a.get_tensor(&t1, 0, n).unwrap() == data, "a 6 MiB answer");
     assert!(a.copy_tensor(&t1, &t2).unwrap());
     assert_eq!(
         a.get_tensor(&t2, n - 4096, 4096).unwrap(),

@@ -165,11 +165,17 @@ impl Session {
                 offset,
                 size,
             } => {
-                let c = self.tensor("GET_TENSOR", &tensor)?;
-                let (region, at) = c.range("GET_TENSOR", offset, size)?;
-                cfg.limits.check("GET_TENSOR", size)?;
-                self.response_budget = Some(self.reserve("GET_TENSOR", size, self.wait_until())?);
-                let data = reg.read_range("GET_TENSOR", region.handle, at, size)?;
+                // Sockets stream the answer (`Session::run`); a whole-frame
+                // caller gets it collected, through the same code.
+                let mut data = Vec::new();
+                let len = usize::try_from(size)
+                    .map_err(|_| RpcError::refused("GET_TENSOR", "size too large"))?;
+                self.tensor("GET_TENSOR", &tensor)?
+                    .range("GET_TENSOR", offset, size)?;
+                data.try_reserve_exact(len).map_err(|_| {
+                    RpcError::refused("GET_TENSOR", format!("cannot allocate {size} bytes"))
+                })?;
+                self.get_tensor(&tensor, offset, size, &mut data, false, self.wait_until())?;
                 Session::respond(Response::Data(data))
             }
             Request::CopyTensor { src, dst } => {

@@ -33,8 +33,6 @@ pub struct Session {
     /// When the connection was accepted: its HELLO is due `hello_timeout`
     /// after it, however it trickles in.
     started: Instant,
-    /// Budget held by the response being sent (GET_TENSOR data).
-    pub(super) response_budget: Option<Reservation>,
     pub(super) shared: Arc<Shared>,
     pub(super) hello_done: bool,
     pub(super) peers: PeerPool,
@@ -79,7 +77,6 @@ impl Session {
             peer_ip,
             slot: None,
             started: Instant::now(),
-            response_budget: None,
             shared,
             hello_done: false,
             peers,
@@ -196,6 +193,48 @@ impl Session {
         self.shared
             .budget
             .reserve_as(call, bytes, wait, Some(self.peer_ip))
+    }
+
+    /// GET_TENSOR, the one implementation (sockets stream the answer from
+    /// it, [`Session::handle_frame`] collects it): after the checks, the
+    /// answer (its size first when `header`) goes to `out` a piece of at
+    /// most [`STREAM_CHUNK`] (and the address's share) at a time, so an
+    /// answer of any size holds one piece of in-flight budget, waited for
+    /// until `until`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn get_tensor(
+        &mut self,
+        tensor: &crate::protocol::RpcTensor,
+        offset: u64,
+        size: u64,
+        out: &mut impl Write,
+        header: bool,
+        until: Instant,
+    ) -> Result<()> {
+        const CALL: &str = "GET_TENSOR";
+        let c = crate::validate::check_tensor(CALL, tensor, self.shared.registry.as_ref())?;
+        let (region, at) = c.range(CALL, offset, size)?;
+        self.shared.config.limits.check(CALL, size)?;
+        let chunk = size
+            .min(STREAM_CHUNK as u64)
+            .min(self.shared.budget.per_address())
+            .max(1);
+        let _held = self.reserve(CALL, chunk, until)?;
+        let io = |e| RpcError::io("write response", e);
+        if header {
+            out.write_all(&size.to_le_bytes()).map_err(io)?;
+        }
+        let mut done = 0u64;
+        while done < size {
+            let n = (size - done).min(chunk);
+            let piece = self
+                .shared
+                .registry
+                .read_range(CALL, region.handle, at + done, n)?;
+            out.write_all(&piece).map_err(io)?;
+            done += n;
+        }
+        Ok(())
     }
 
     /// Charges the graph `graph` retained for GRAPH_RECOMPUTE on its device
@@ -330,18 +369,35 @@ impl Session {
                 Next::Streamed => continue,
                 Next::Frame(c, p, r) => (c, p, r),
             };
+            if cmd == Command::GetTensor && self.hello_done {
+                // Streamed from the buffer straight to the socket.
+                if let Request::GetTensor {
+                    tensor,
+                    offset,
+                    size,
+                } = Request::decode(cmd, &payload)?
+                {
+                    if self.shared.config.verbose {
+                        self.shared
+                            .log(&format!("session {}: GET_TENSOR {size} bytes", self.id));
+                    }
+                    // The answer has one deadline too: a client that takes
+                    // it a byte at a time would otherwise hold its piece of
+                    // the in-flight budget for ever.
+                    let mut io = Deadline::new(stream, self.deadline(Instant::now(), size));
+                    let until = io.at();
+                    self.get_tensor(&tensor, offset, size, &mut io, true, until)?;
+                    continue;
+                }
+            }
             if let Some(resp) = self.handle_frame(cmd, &payload)? {
                 let bytes = match &resp {
                     Response::Data(d) => d.len() as u64,
                     _ => 0,
                 };
-                // The answer has one deadline too: a client that takes a
-                // large GET_TENSOR a byte at a time would otherwise hold
-                // its share of the in-flight budget for ever.
                 let mut io = Deadline::new(stream, self.deadline(Instant::now(), bytes));
                 write_response(&mut io, &resp)?;
             }
-            self.response_budget = None;
         }
     }
 
