@@ -797,6 +797,50 @@ impl TransferEngine {
         self.imms.dropped()
     }
 
+    /// Charges unexpected immediates (arrivals no expectation waits for) to
+    /// accounts instead of the engine-wide cap
+    /// ([`EngineBuilder::max_unexpected_imms`]): an immediate's partition is
+    /// `imm >> shift`, each partition belongs to at most one account
+    /// ([`TransferEngine::assign_imm_partition`]), and each account holds at
+    /// most its cap of distinct unexpected values
+    /// ([`TransferEngine::set_imm_account`]). Arrivals in a partition no
+    /// account owns are dropped (and counted by
+    /// [`TransferEngine::imm_dropped`]) unless an expectation waits for
+    /// them. For engines shared by tenants: one that floods its own
+    /// partitions fills its own account, not everyone's. Cannot be undone.
+    pub fn account_imms(&self, shift: u32) {
+        self.imms.enable_accounts(shift);
+    }
+
+    /// Creates account `id` with room for `cap` distinct unexpected
+    /// immediates, or changes its cap (see [`TransferEngine::account_imms`]).
+    pub fn set_imm_account(&self, id: u64, cap: usize) {
+        self.imms.set_account(id, cap);
+    }
+
+    /// Charges partition `partition`'s unexpected immediates to account `id`.
+    pub fn assign_imm_partition(&self, partition: u32, id: u64) {
+        self.imms.assign_partition(partition, id);
+    }
+
+    /// Takes `partition` from its account and discards the unexpected
+    /// arrivals it holds (values an expectation waits for stay); returns
+    /// how many distinct values were discarded.
+    pub fn release_imm_partition(&self, partition: u32) -> usize {
+        self.imms.release_partition(partition)
+    }
+
+    /// Forgets account `id` and its partitions (release them first to
+    /// discard what they hold).
+    pub fn remove_imm_account(&self, id: u64) {
+        self.imms.remove_account(id);
+    }
+
+    /// Distinct unexpected immediates account `id` holds now.
+    pub fn imm_account_held(&self, id: u64) -> usize {
+        self.imms.account_held(id)
+    }
+
     /// Blocks until `count` immediates `imm` have arrived, then consumes them.
     pub fn wait_imm(&self, imm: u32, count: u64, timeout: Duration) -> Result<()> {
         let (tx, rx) = oneshot::channel();

@@ -60,10 +60,42 @@ const STRIPES: usize = 16;
 pub(crate) struct ImmCounters {
     stripes: [Mutex<Stripe>; STRIPES],
     cap: usize,
+    /// Per-account bounds, once [`ImmCounters::enable_accounts`] was called
+    /// (checked without the lock on the fast path).
+    accounting: std::sync::atomic::AtomicBool,
+    accounts: Mutex<Accounts>,
     /// Counters with arrivals and no expectation (over every stripe).
     unexpected: AtomicUsize,
     /// Arrivals dropped because `cap` was reached.
     dropped: AtomicU64,
+}
+
+/// Unexpected immediates charged to accounts instead of one engine-wide
+/// cap: an immediate's *partition* is `imm >> shift`; a partition belongs
+/// to at most one account, and an account holds at most its cap of
+/// distinct unexpected values over all its partitions. Arrivals in a
+/// partition nobody owns are not kept (unless an expectation waits for
+/// them). One peer filling its own partitions then cannot make another
+/// account's arrivals be dropped.
+#[derive(Default)]
+struct Accounts {
+    shift: u32,
+    owner: HashMap<u32, u64>,
+    accounts: HashMap<u64, Account>,
+}
+
+#[derive(Default, Clone, Copy)]
+struct Account {
+    cap: usize,
+    held: usize,
+}
+
+impl Accounts {
+    fn account_of(&mut self, imm: u32) -> Option<&mut Account> {
+        let part = imm.checked_shr(self.shift).unwrap_or(0);
+        let owner = *self.owner.get(&part)?;
+        self.accounts.get_mut(&owner)
+    }
 }
 
 #[derive(Default)]
@@ -88,6 +120,8 @@ impl ImmCounters {
         Arc::new(Self {
             stripes: std::array::from_fn(|_| Mutex::new(Stripe::default())),
             cap,
+            accounting: std::sync::atomic::AtomicBool::new(false),
+            accounts: Mutex::new(Accounts::default()),
             unexpected: AtomicUsize::new(0),
             dropped: AtomicU64::new(0),
         })
@@ -100,6 +134,71 @@ impl ImmCounters {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
+    fn accounts(&self) -> MutexGuard<'_, Accounts> {
+        self.accounts.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn accounting(&self) -> bool {
+        self.accounting.load(AtomicOrdering::Acquire)
+    }
+
+    /// Charges unexpected immediates to accounts from now on (partition =
+    /// `imm >> shift`) instead of the engine-wide cap.
+    pub(crate) fn enable_accounts(&self, shift: u32) {
+        self.accounts().shift = shift;
+        self.accounting.store(true, AtomicOrdering::Release);
+    }
+
+    /// Creates account `id` or changes its cap.
+    pub(crate) fn set_account(&self, id: u64, cap: usize) {
+        self.accounts().accounts.entry(id).or_default().cap = cap;
+    }
+
+    /// Gives `partition` to account `id` (taking it from any other).
+    pub(crate) fn assign_partition(&self, partition: u32, id: u64) {
+        self.accounts().owner.insert(partition, id);
+    }
+
+    /// Distinct unexpected values account `id` holds.
+    pub(crate) fn account_held(&self, id: u64) -> usize {
+        self.accounts().accounts.get(&id).map_or(0, |a| a.held)
+    }
+
+    /// Takes `partition` from its account and discards the unexpected
+    /// arrivals held in it (waited-for values stay); returns how many
+    /// distinct values were discarded.
+    pub(crate) fn release_partition(&self, partition: u32) -> usize {
+        let (shift, owner) = {
+            let mut a = self.accounts();
+            (a.shift, a.owner.remove(&partition))
+        };
+        let mut discarded = 0usize;
+        for stripe in &self.stripes {
+            let mut s = stripe.lock().unwrap_or_else(PoisonError::into_inner);
+            let before = s.counters.len();
+            s.counters.retain(|imm, c| {
+                !(imm.checked_shr(shift).unwrap_or(0) == partition && is_unexpected(c))
+            });
+            discarded += before - s.counters.len();
+        }
+        if discarded > 0 {
+            self.unexpected.fetch_sub(discarded, AtomicOrdering::SeqCst);
+            if let Some(id) = owner {
+                if let Some(a) = self.accounts().accounts.get_mut(&id) {
+                    a.held = a.held.saturating_sub(discarded);
+                }
+            }
+        }
+        discarded
+    }
+
+    /// Forgets account `id` (its partitions should be released first).
+    pub(crate) fn remove_account(&self, id: u64) {
+        let mut a = self.accounts();
+        a.accounts.remove(&id);
+        a.owner.retain(|_, o| *o != id);
+    }
+
     /// After the counter of `imm` changed from a state whose
     /// unexpectedness was `was`: keeps the unexpected count right and
     /// removes the counter once it holds nothing.
@@ -110,11 +209,21 @@ impl ImmCounters {
         match (was, is_unexpected(c)) {
             (true, false) => {
                 self.unexpected.fetch_sub(1, AtomicOrdering::SeqCst);
+                if self.accounting() {
+                    if let Some(a) = self.accounts().account_of(imm) {
+                        a.held = a.held.saturating_sub(1);
+                    }
+                }
             }
             // Only arrivals beyond a met expectation get here, so this may
             // pass the cap by what the expectations' owner let in.
             (false, true) => {
                 self.unexpected.fetch_add(1, AtomicOrdering::SeqCst);
+                if self.accounting() {
+                    if let Some(a) = self.accounts().account_of(imm) {
+                        a.held += 1;
+                    }
+                }
             }
             _ => {}
         }
@@ -141,13 +250,25 @@ impl ImmCounters {
             self.settle(&mut s, imm, was);
             return;
         }
-        // A new counter with no expectation: reserve a slot under the cap.
-        let reserved = self
-            .unexpected
-            .fetch_update(AtomicOrdering::SeqCst, AtomicOrdering::SeqCst, |u| {
-                (u < self.cap).then_some(u + 1)
-            })
-            .is_ok();
+        // A new counter with no expectation: reserve a slot under its
+        // account's cap, or the engine-wide one.
+        let reserved = if self.accounting() {
+            let mut accounts = self.accounts();
+            match accounts.account_of(imm) {
+                Some(a) if a.held < a.cap => {
+                    a.held += 1;
+                    self.unexpected.fetch_add(1, AtomicOrdering::SeqCst);
+                    true
+                }
+                _ => false,
+            }
+        } else {
+            self.unexpected
+                .fetch_update(AtomicOrdering::SeqCst, AtomicOrdering::SeqCst, |u| {
+                    (u < self.cap).then_some(u + 1)
+                })
+                .is_ok()
+        };
         if !reserved {
             self.dropped.fetch_add(n, AtomicOrdering::Relaxed);
             return;
@@ -422,6 +543,61 @@ mod tests {
         assert_eq!(counters.value(7), 1);
         assert_eq!(counters.dropped(), 6);
         assert_eq!(counters.held(), 4);
+    }
+
+    /// Issue 22: with accounts, one account filling its partitions does
+    /// not drop another's arrivals; arrivals in partitions nobody owns are
+    /// not kept; releasing a partition discards what it held.
+    #[test]
+    fn accounts_bound_each_owner_apart() {
+        let counters = ImmCounters::with_cap(4);
+        counters.enable_accounts(16);
+        counters.set_account(1, 3);
+        counters.set_account(2, 3);
+        counters.assign_partition(7, 1);
+        counters.assign_partition(8, 2);
+        let mut fired = Vec::new();
+        for seq in 0..100 {
+            counters.arrive((7 << 16) | seq, 1, &mut fired);
+        }
+        assert_eq!(counters.account_held(1), 3);
+        assert_eq!(counters.dropped(), 97);
+        // The engine-wide cap (4) no longer applies: account 2 keeps its 3.
+        for seq in 0..3 {
+            counters.arrive((8 << 16) | seq, 1, &mut fired);
+        }
+        assert_eq!(counters.account_held(2), 3);
+        assert!((0..3).all(|s| counters.value((8 << 16) | s) == 1));
+        // Nobody owns partition 9.
+        counters.arrive(9 << 16, 1, &mut fired);
+        assert_eq!(counters.value(9 << 16), 0);
+        // Taking a value frees its place in the account.
+        assert_eq!(counters.take(7 << 16, 1), 1);
+        assert_eq!(counters.account_held(1), 2);
+        // An expected value counts whatever the account holds.
+        let hits = Arc::new(AtomicUsize::new(0));
+        let h = hits.clone();
+        counters.add_expectation(
+            (7 << 16) | 500,
+            1,
+            ImmAction::Callback(Box::new(move || {
+                h.fetch_add(1, AtomicOrdering::SeqCst);
+            })),
+            &mut fired,
+        );
+        counters.arrive((7 << 16) | 500, 1, &mut fired);
+        run(&mut fired);
+        assert_eq!(hits.load(AtomicOrdering::SeqCst), 1);
+        // Release: partition 7's held values go, account 2's stay.
+        assert_eq!(counters.release_partition(7), 2);
+        assert_eq!(counters.account_held(1), 0);
+        assert_eq!(counters.value((7 << 16) | 1), 0);
+        assert_eq!(counters.account_held(2), 3);
+        counters.arrive((7 << 16) | 1, 1, &mut fired);
+        assert_eq!(counters.value((7 << 16) | 1), 0, "released: not kept");
+        counters.remove_account(2);
+        assert_eq!(counters.release_partition(8), 3);
+        assert_eq!(counters.held(), 0);
     }
 
     #[test]

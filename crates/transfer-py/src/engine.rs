@@ -709,6 +709,17 @@ impl Engine {
         }
     }
 
+    /// Internal (asyncio): withdraws a `_notify_recv` whose waiter went away
+    /// (cancelled, timed out) before a message came.
+    fn _forget_recv(&self, waker: &LoopWaker, token: u64) {
+        self.shared.recv.signal.remove_notifier(&waker.inner, token);
+    }
+
+    /// Internal (tests): asyncio receivers registered on the receive pool.
+    fn _recv_notifiers(&self) -> usize {
+        self.shared.recv.signal.notifiers()
+    }
+
     /// A `Transfer` that completes once `count` immediates `imm` arrived
     /// (consuming them). Expectations on one value are served in order.
     /// Dropping or cancelling it before then withdraws it.

@@ -73,6 +73,21 @@ impl Signal {
         lock(&self.state).notifiers.push((waker, token));
     }
 
+    /// Withdraws what [`Signal::add_notifier`] registered (an asyncio waiter
+    /// that was cancelled): without it every cancelled `recv_async` left
+    /// its entry until the next message, and a loop of timed-out receives
+    /// on a quiet engine grew the list without bound.
+    pub(crate) fn remove_notifier(&self, waker: &Arc<LoopWakerInner>, token: u64) {
+        lock(&self.state)
+            .notifiers
+            .retain(|(w, t)| !(Arc::ptr_eq(w, waker) && *t == token));
+    }
+
+    /// asyncio waiters registered now.
+    pub(crate) fn notifiers(&self) -> usize {
+        lock(&self.state).notifiers.len()
+    }
+
     /// Wakes every waiter: blocking ones and asyncio loops.
     pub(crate) fn notify(&self) {
         let notifiers = {

@@ -191,6 +191,16 @@ def test_messages_both_ways(engine: Any, peer: Peer) -> None:
 
     assert asyncio.run(main()) == b"async"
 
+    # Receives cancelled by their timeout leave nothing registered (each
+    # used to keep a notifier until the next message arrived).
+    async def timed_out() -> None:
+        for _ in range(200):
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(engine.recv_async(), 0.001)
+
+    asyncio.run(timed_out())
+    assert engine._recv_notifiers() == 0
+
 
 def test_asyncio(engine: Any, peer: Peer, imm: int) -> None:
     buf = np.zeros(3 * 4096, np.uint8)

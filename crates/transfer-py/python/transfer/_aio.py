@@ -88,3 +88,6 @@ async def recv(engine: Engine) -> bytes:
             await fut
         finally:
             n.futures.pop(token, None)
+            # Woken: the signal dropped it already. Cancelled: withdraw it,
+            # or every cancelled receive stays registered until a message.
+            engine._forget_recv(n.waker, token)

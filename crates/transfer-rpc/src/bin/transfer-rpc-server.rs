@@ -30,6 +30,22 @@ struct Cli {
     /// Memory quota in MiB (all buffers together).
     #[arg(short, long, default_value_t = 4096)]
     mem: u64,
+    /// Most live buffers one session may own (each is a memfd, two mappings
+    /// and at least a page, charged against --mem, whatever its size).
+    #[arg(long, default_value_t = 256)]
+    max_buffers_per_session: usize,
+    /// Most live buffers of all sessions (lowered at start to what the
+    /// descriptor limit, `ulimit -n`, holds next to the connections).
+    #[arg(long, default_value_t = 16384)]
+    max_buffers: usize,
+    /// MiB the graphs one session keeps for GRAPH_RECOMPUTE (its last graph
+    /// per device) may take; they are charged against --mem too.
+    #[arg(long, default_value_t = 64)]
+    max_graph_mib: u64,
+    /// Peer connections (COPY_TENSOR_TO destinations) one session keeps
+    /// open; one more closes the least recently used.
+    #[arg(long, default_value_t = 8)]
+    max_peer_connections: usize,
     /// SET_TENSOR_HASH cache directory (enables the cache).
     #[arg(short, long)]
     cache: Option<PathBuf>,
@@ -49,6 +65,18 @@ struct Cli {
     /// MiB that request payloads of all sessions may hold at once (outside --mem).
     #[arg(long, default_value_t = 1024)]
     inflight_mib: u64,
+    /// MiB of --inflight-mib that the sessions of one client address may
+    /// hold together.
+    #[arg(long, default_value_t = 512)]
+    inflight_per_address_mib: u64,
+    /// Seconds a frame may take, first byte to last, in either direction
+    /// (a request being read, an answer being taken), plus its size at
+    /// --frame-min-rate-mib.
+    #[arg(long, default_value_t = 60)]
+    frame_timeout_s: u64,
+    /// MiB/s a frame is given on top of --frame-timeout-s (0 = none).
+    #[arg(long, default_value_t = 8)]
+    frame_min_rate_mib: u64,
     /// Most MiB the --cache directory keeps (least recently used evicted).
     #[arg(long, default_value_t = 16384)]
     cache_max_mib: u64,
@@ -183,12 +211,19 @@ fn main() -> ExitCode {
         devices: u32::try_from(cli.device.len().max(1)).unwrap_or(1),
         memory_quota: quota,
         max_buffer_size: quota,
+        max_buffers_per_session: cli.max_buffers_per_session,
+        max_buffers: cli.max_buffers,
+        max_graph_bytes_per_session: cli.max_graph_mib.saturating_mul(1 << 20),
+        max_peer_connections_per_session: cli.max_peer_connections,
         max_connections: cli.max_connections,
         max_connections_per_address: cli.max_connections_per_address,
         hello_timeout: std::time::Duration::from_secs(cli.hello_timeout_s.max(1)),
         idle_timeout: (cli.idle_timeout_s > 0)
             .then(|| std::time::Duration::from_secs(cli.idle_timeout_s)),
         inflight_budget: cli.inflight_mib.saturating_mul(1 << 20),
+        inflight_per_address: cli.inflight_per_address_mib.saturating_mul(1 << 20),
+        frame_timeout: std::time::Duration::from_secs(cli.frame_timeout_s.max(1)),
+        frame_min_rate: cli.frame_min_rate_mib.saturating_mul(1 << 20),
         cache_max_bytes: cli.cache_max_mib.saturating_mul(1 << 20),
         threads: cli.threads,
         cache_dir: cli.cache.clone(),

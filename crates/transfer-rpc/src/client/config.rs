@@ -28,6 +28,10 @@ pub struct ClientConfig {
     /// remembers that the extension is absent. Upstream's server serves one
     /// connection at a time, so the probe must not use a second connection.
     pub probe_extensions: bool,
+    /// Local address to connect from (`None`: the OS chooses). For hosts
+    /// with several addresses, and for tests that need distinct client
+    /// addresses on loopback (127.0.0.x) to exercise per-address bounds.
+    pub source: Option<std::net::IpAddr>,
 }
 
 impl Default for ClientConfig {
@@ -39,6 +43,7 @@ impl Default for ClientConfig {
             io_timeout: None,
             limits: Limits::default(),
             probe_extensions: true,
+            source: None,
         }
     }
 }

@@ -32,10 +32,124 @@ pub struct Client {
     answers: Vec<bool>,
 }
 
+/// A TCP connection to `to` from local address `source` (any port), the
+/// connect bounded by `timeout` (Linux applies SO_SNDTIMEO to connect).
+pub fn connect_from(
+    source: std::net::IpAddr,
+    to: &std::net::SocketAddr,
+    timeout: Option<std::time::Duration>,
+) -> std::io::Result<TcpStream> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    fn sockaddr(a: &std::net::SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+        // SAFETY: all-zero bytes are a valid sockaddr_storage.
+        let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        let len = match a {
+            std::net::SocketAddr::V4(v4) => {
+                let sin = libc::sockaddr_in {
+                    sin_family: libc::AF_INET as libc::sa_family_t,
+                    sin_port: v4.port().to_be(),
+                    sin_addr: libc::in_addr {
+                        s_addr: u32::from_ne_bytes(v4.ip().octets()),
+                    },
+                    sin_zero: [0; 8],
+                };
+                // SAFETY: sockaddr_storage is larger than and aligned for
+                // sockaddr_in; one value is written into it.
+                unsafe { std::ptr::write((&raw mut ss).cast::<libc::sockaddr_in>(), sin) };
+                std::mem::size_of::<libc::sockaddr_in>()
+            }
+            std::net::SocketAddr::V6(v6) => {
+                let sin6 = libc::sockaddr_in6 {
+                    sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                    sin6_port: v6.port().to_be(),
+                    sin6_flowinfo: v6.flowinfo(),
+                    sin6_addr: libc::in6_addr {
+                        s6_addr: v6.ip().octets(),
+                    },
+                    sin6_scope_id: v6.scope_id(),
+                };
+                // SAFETY: as above, for sockaddr_in6.
+                unsafe { std::ptr::write((&raw mut ss).cast::<libc::sockaddr_in6>(), sin6) };
+                std::mem::size_of::<libc::sockaddr_in6>()
+            }
+        };
+        (ss, len as libc::socklen_t)
+    }
+    let last = std::io::Error::last_os_error;
+    let domain = if to.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
+    // SAFETY: plain syscall; the result is checked.
+    let fd = unsafe { libc::socket(domain, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(last());
+    }
+    // SAFETY: `fd` is a fresh descriptor nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let (local, local_len) = sockaddr(&std::net::SocketAddr::new(source, 0));
+    // SAFETY: `local` is a valid socket address of `local_len` bytes.
+    if unsafe { libc::bind(fd.as_raw_fd(), (&raw const local).cast(), local_len) } != 0 {
+        return Err(last());
+    }
+    if let Some(t) = timeout {
+        let tv = libc::timeval {
+            tv_sec: t.as_secs().try_into().unwrap_or(libc::time_t::MAX),
+            tv_usec: t.subsec_micros().into(),
+        };
+        // SAFETY: `tv` is a live timeval of the size passed.
+        let rc = unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_SNDTIMEO,
+                (&raw const tv).cast(),
+                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            return Err(last());
+        }
+    }
+    let (remote, remote_len) = sockaddr(to);
+    // SAFETY: `remote` is a valid socket address of `remote_len` bytes.
+    if unsafe { libc::connect(fd.as_raw_fd(), (&raw const remote).cast(), remote_len) } != 0 {
+        return Err(last());
+    }
+    Ok(TcpStream::from(fd))
+}
+
 fn open(endpoint: &str, config: &ClientConfig) -> Result<TcpStream> {
-    let stream = match config.connect_timeout {
-        None => TcpStream::connect(endpoint).map_err(|e| RpcError::io("connect", e))?,
-        Some(t) => {
+    let stream = match (config.source, config.connect_timeout) {
+        (Some(source), timeout) => {
+            let addrs = endpoint
+                .to_socket_addrs()
+                .map_err(|e| RpcError::io("connect: resolve", e))?;
+            let mut last = None;
+            let mut found = None;
+            for a in addrs.filter(|a| a.is_ipv4() == source.is_ipv4()) {
+                match connect_from(source, &a, timeout) {
+                    Ok(s) => {
+                        found = Some(s);
+                        break;
+                    }
+                    Err(e) => last = Some(e),
+                }
+            }
+            match (found, last) {
+                (Some(s), _) => s,
+                (None, Some(e)) => return Err(RpcError::io("connect", e)),
+                (None, None) => {
+                    return Err(RpcError::refused(
+                        "connect",
+                        "endpoint has no address of the source's family",
+                    ));
+                }
+            }
+        }
+        (None, None) => TcpStream::connect(endpoint).map_err(|e| RpcError::io("connect", e))?,
+        (None, Some(t)) => {
             let addrs = endpoint
                 .to_socket_addrs()
                 .map_err(|e| RpcError::io("connect: resolve", e))?;

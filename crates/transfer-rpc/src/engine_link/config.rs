@@ -34,6 +34,11 @@ pub struct EngineLinkConfig {
     /// Most posted writes a session keeps in flight; one more first waits
     /// for the oldest.
     pub max_pending_writes: usize,
+    /// Most distinct immediates that arrived on one session's lanes before
+    /// its ENGINE_WAIT asked for them (each lane has at most 64 writes in
+    /// flight). Beyond it that session's own arrivals are dropped; other
+    /// sessions keep theirs (the engine's cap is per session, not shared).
+    pub max_unexpected_imms_per_session: usize,
 }
 
 impl EngineLinkConfig {
@@ -50,6 +55,7 @@ impl EngineLinkConfig {
             max_lanes_per_session: 1024,
             max_outbound_per_session: 1024,
             max_pending_writes: 1024,
+            max_unexpected_imms_per_session: 4096,
         }
     }
 

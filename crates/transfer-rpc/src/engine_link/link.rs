@@ -137,6 +137,12 @@ impl EngineLink {
             .address()
             .to_bytes()
             .map_err(|e| engine_error("EngineLink::with_engine", e))?;
+        // Immediates are `lane << IMM_SEQ_BITS | seq`: each lane is a
+        // partition charged to the session that owns it, so a tenant that
+        // floods its own lane fills its own account, not an engine-wide
+        // cap every tenant shares (and arrivals on lanes nobody holds,
+        // the probe lane included, are not kept).
+        engine.account_imms(IMM_SEQ_BITS);
         let backend_tag = match engine.address().backend {
             BackendKind::Libfabric => BACKEND_LIBFABRIC,
             BackendKind::Verbs => BACKEND_VERBS,
@@ -247,6 +253,9 @@ impl EngineLink {
         if let Some(old) = old {
             self.retire(old);
         }
+        // Immediates that arrived for the lane and were never waited for
+        // leave with it.
+        self.engine.release_imm_partition(lane.0);
     }
 
     /// Registrations kept after their buffer was freed, because a write
@@ -255,16 +264,23 @@ impl EngineLink {
         lock(&self.retired).len()
     }
 
-    /// Allocates a lane for `session`. A reused id first has any leftover
-    /// immediates of its previous owner discarded.
+    /// Allocates a lane for `session`, its immediates charged to the
+    /// session's account. A reused id first has any leftover immediates of
+    /// its previous owner discarded.
     pub fn alloc_lane(&self, session: u64) -> Option<LaneId> {
         let new = self.lanes.alloc(session)?;
         if new.reused {
-            for seq in 0..(1u32 << IMM_SEQ_BITS) {
-                self.engine.take_imm(lane_imm(new.lane, seq), u64::MAX);
-            }
+            self.engine.release_imm_partition(new.lane.0);
         }
+        self.engine
+            .set_imm_account(session, self.config.max_unexpected_imms_per_session);
+        self.engine.assign_imm_partition(new.lane.0, session);
         Some(new.lane)
+    }
+
+    /// Forgets `session`'s immediate account (its lanes were closed).
+    pub fn end_session(&self, session: u64) {
+        self.engine.remove_imm_account(session);
     }
 
     /// The registration of `buffer` (the whole buffer, registered once and

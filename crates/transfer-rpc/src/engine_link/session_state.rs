@@ -18,6 +18,7 @@ use crate::protocol::engine::{
 };
 use crate::protocol::{Request, Response, RpcTensor};
 use crate::server::Shared;
+use crate::server::peer::PeerAllow;
 use crate::validate::check_tensor;
 
 struct Inbound {
@@ -133,7 +134,8 @@ impl EngineSession {
                 destination,
                 descriptor,
                 lane,
-            } => match self.open_outbound(destination, descriptor, lane) {
+            } => match self.open_outbound(&shared.config.peer_allow, destination, descriptor, lane)
+            {
                 Ok(r) => r,
                 Err(reason) => {
                     self.log(
@@ -306,6 +308,7 @@ impl EngineSession {
 
     fn open_outbound(
         &mut self,
+        allow: &PeerAllow,
         destination: &[u8],
         descriptor: &[u8],
         lane: LaneId,
@@ -317,6 +320,14 @@ impl EngineSession {
             return Err(format!("lane {} is not 1..={MAX_LANE}", lane.0));
         }
         let addr = EngineAddress::from_bytes(destination).map_err(|e| e.to_string())?;
+        // The operator's --peer-allow, as for COPY_TENSOR_TO, before the
+        // address is resolved or anything is sent: a refused destination
+        // is answered at once and alike whether or not it is reachable.
+        if !engine_destination_allowed(allow, &addr) {
+            return Err(
+                "destination not allowed (the server's --peer-allow; none by default)".into(),
+            );
+        }
         let ticket = LaneTicket::from_bytes(descriptor)?;
         let engine = self.link.engine();
         let peer = engine.peer(&addr).map_err(|e| e.to_string())?;
@@ -582,6 +593,7 @@ impl EngineSession {
             self.link.drop_region(inb.slots);
         }
         self.link.lanes().free_all(self.session);
+        self.link.end_session(self.session);
         for (_, o) in self.outbound.drain() {
             self.link.drop_region(o.ring);
         }
@@ -589,4 +601,53 @@ impl EngineSession {
             self.log(shared, &format!("closing with an unreported failure: {f}"));
         }
     }
+}
+
+/// The host (and port) of a libfabric NIC address: `b"LF"`, version 1, the
+/// provider name, the address format and the raw `fi_getname` bytes
+/// (`transfer-efa`'s layout). IPv4/IPv6 socket addresses give their IP and
+/// port; shm's names are this host's (loopback, no port); anything else
+/// (EFA GIDs, verbs, test domains) has no IP to check.
+pub fn nic_host(nic: &[u8]) -> Option<(std::net::IpAddr, Option<u16>)> {
+    const FI_SOCKADDR: u32 = 1;
+    const FI_SOCKADDR_IN: u32 = 2;
+    const FI_SOCKADDR_IN6: u32 = 3;
+    const FI_ADDR_STR: u32 = 9;
+    if nic.get(..3) != Some(&b"LF\x01"[..]) {
+        return None;
+    }
+    let prov_len = usize::from(*nic.get(3)?);
+    let prov = nic.get(4..4 + prov_len)?;
+    let af = u32::from_le_bytes(nic.get(4 + prov_len..8 + prov_len)?.try_into().ok()?);
+    let raw = nic.get(8 + prov_len..)?;
+    let family = u16::from_ne_bytes(raw.get(..2)?.try_into().ok()?);
+    let port = u16::from_be_bytes(raw.get(2..4)?.try_into().ok()?);
+    let v4 = |raw: &[u8]| {
+        let b: [u8; 4] = raw.get(4..8)?.try_into().ok()?;
+        Some((std::net::IpAddr::from(b), Some(port)))
+    };
+    let v6 = |raw: &[u8]| {
+        let b: [u8; 16] = raw.get(8..24)?.try_into().ok()?;
+        Some((std::net::IpAddr::from(b), Some(port)))
+    };
+    match af {
+        FI_SOCKADDR_IN => v4(raw),
+        FI_SOCKADDR_IN6 => v6(raw),
+        FI_SOCKADDR if i32::from(family) == libc::AF_INET => v4(raw),
+        FI_SOCKADDR if i32::from(family) == libc::AF_INET6 => v6(raw),
+        FI_ADDR_STR if prov == b"shm" => Some((std::net::IpAddr::from([127, 0, 0, 1]), None)),
+        _ => None,
+    }
+}
+
+/// Whether `--peer-allow` lets this server's engine reach `addr`: every
+/// NIC of every group must be allowed; a NIC without an IP only by `any`.
+pub fn engine_destination_allowed(allow: &PeerAllow, addr: &EngineAddress) -> bool {
+    if allow.permits_any() {
+        return true;
+    }
+    addr.groups
+        .iter()
+        .flat_map(|g| g.nics.iter())
+        .all(|nic| nic_host(&nic.0).is_some_and(|(ip, port)| allow.permits_ip(ip, port)))
 }

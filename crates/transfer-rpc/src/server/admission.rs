@@ -257,7 +257,11 @@ impl Admission {
                         ip,
                     });
                 }
-                Err(Refusal::Gone) => return Err(Refusal::Gone),
+                // This address's own sessions hold its share: only they can
+                // free a slot, and a client that opens one more while its
+                // others live gains nothing from waiting. Told at once (the
+                // connection closes now, not at its HELLO deadline).
+                Err(r @ (Refusal::Gone | Refusal::AddressFull)) => return Err(r),
                 Err(r) => {
                     let now = Instant::now();
                     if now >= deadline {

@@ -177,6 +177,11 @@ impl HashCache {
         self.lock().poisoned.contains(&hash)
     }
 
+    /// The length of the entry for `hash`, if there is one.
+    pub fn entry_len(&self, hash: u64) -> Option<u64> {
+        self.lock().entries.get(&hash).map(|e| e.len)
+    }
+
     /// The cached bytes for `hash` when present, at most `max_len` bytes,
     /// not poisoned, and still equal to what was stored (SHA-256).
     pub fn get(&self, hash: u64, max_len: u64) -> Option<Vec<u8>> {

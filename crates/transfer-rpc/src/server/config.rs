@@ -23,6 +23,16 @@ pub struct ServerConfig {
     pub memory_quota: u64,
     /// Largest single buffer (GET_MAX_SIZE).
     pub max_buffer_size: u64,
+    /// Most live buffers one session may own (each costs a memfd, two
+    /// mappings and at least a page, whatever its size).
+    pub max_buffers_per_session: usize,
+    /// Most live buffers of all sessions together; [`super::Server::bind`]
+    /// lowers it to what the process's descriptor limit can hold.
+    pub max_buffers: usize,
+    /// Most bytes the graphs a session keeps for GRAPH_RECOMPUTE (its last
+    /// graph per device) may take; they are charged against
+    /// `memory_quota` too.
+    pub max_graph_bytes_per_session: u64,
     /// Alignment reported by GET_ALIGNMENT.
     pub alignment: u64,
     /// Most concurrent sessions (connections past HELLO). A HELLO that finds
@@ -38,9 +48,14 @@ pub struct ServerConfig {
     pub max_pending_per_address: usize,
     /// Time a new connection has to send its HELLO.
     pub hello_timeout: Duration,
-    /// Longest wait for the next byte once a frame has started, and for a
-    /// response to be taken by the client (socket write timeout).
+    /// Deadline of a frame, from its first byte to its last (requests) and
+    /// from the first byte sent to the last taken by the client (answers),
+    /// plus the frame's size at `frame_min_rate`. One deadline for the
+    /// whole frame, not per read: a trickle cannot stretch it.
     pub frame_timeout: Duration,
+    /// Bytes per second a frame is given on top of `frame_timeout` (0 =
+    /// none): large uploads on slow links still fit.
+    pub frame_min_rate: u64,
     /// Compute threads a backend may use.
     pub threads: usize,
     /// SET_TENSOR_HASH cache directory.
@@ -62,6 +77,9 @@ pub struct ServerConfig {
     pub peer_connect_timeout: Duration,
     /// Read/write timeout on peer connections.
     pub peer_io_timeout: Duration,
+    /// Most peer connections (COPY_TENSOR_TO destinations) one session
+    /// keeps open; one more closes the least recently used.
+    pub max_peer_connections_per_session: usize,
     /// Idle timeout of sessions between frames (`None` = wait forever, like
     /// upstream: llama.cpp holds one connection for a model's lifetime, and
     /// closing it frees the model's buffers).
@@ -71,6 +89,10 @@ pub struct ServerConfig {
     /// than is free waits up to `frame_timeout`; one larger than the whole
     /// budget is refused.
     pub inflight_budget: u64,
+    /// The part of `inflight_budget` the sessions of one client address may
+    /// hold together (so that one address's slow or stalled frames cannot
+    /// take all of it).
+    pub inflight_per_address: u64,
     /// Log every command, not only refusals.
     pub verbose: bool,
     /// The server's TransferEngine: serves ENGINE_* and advertises the
@@ -88,6 +110,9 @@ impl Default for ServerConfig {
             devices: 1,
             memory_quota: quota,
             max_buffer_size: quota,
+            max_buffers_per_session: 256,
+            max_buffers: 16384,
+            max_graph_bytes_per_session: 64 << 20,
             alignment: 64,
             max_connections: 64,
             max_connections_per_address: 32,
@@ -95,6 +120,7 @@ impl Default for ServerConfig {
             max_pending_per_address: 64,
             hello_timeout: Duration::from_secs(10),
             frame_timeout: Duration::from_secs(60),
+            frame_min_rate: 8 << 20,
             threads: 1,
             cache_dir: None,
             cache_max_bytes: 16 << 30,
@@ -104,8 +130,10 @@ impl Default for ServerConfig {
             peer_allow: PeerAllow::default(),
             peer_connect_timeout: Duration::from_secs(5),
             peer_io_timeout: Duration::from_secs(30),
+            max_peer_connections_per_session: 8,
             idle_timeout: None,
             inflight_budget: 1 << 30,
+            inflight_per_address: 512 << 20,
             verbose: false,
             #[cfg(feature = "engine")]
             engine: None,

@@ -20,6 +20,20 @@ impl Session {
         }
     }
 
+    /// The piece a copy of `total` bytes is staged in: at most
+    /// `STREAM_CHUNK`, and never more than one address may hold.
+    fn stage_chunk(&self, total: u64) -> u64 {
+        total
+            .min(super::session::STREAM_CHUNK as u64)
+            .min(self.shared.budget.per_address())
+            .max(1)
+    }
+
+    /// How long a command may wait for in-flight budget: the frame timeout.
+    fn wait_until(&self) -> std::time::Instant {
+        std::time::Instant::now() + self.shared.config.frame_timeout
+    }
+
     fn tensor(&self, call: &'static str, t: &RpcTensor) -> Result<CheckedTensor> {
         check_tensor(call, t, self.shared.registry.as_ref())
     }
@@ -56,20 +70,23 @@ impl Session {
             Request::Hello(_) => Err(RpcError::refused("HELLO", "unreachable")),
             Request::AllocBuffer { device, size } => {
                 self.check_device("ALLOC_BUFFER", device)?;
-                let buf = (size <= cfg.max_buffer_size)
-                    .then(|| reg.alloc(self.id, device, size))
-                    .flatten();
+                let buf = if size <= cfg.max_buffer_size {
+                    reg.alloc_for(self.id, device, size)
+                } else {
+                    Err(format!(
+                        "larger than the most one buffer may hold ({})",
+                        cfg.max_buffer_size
+                    ))
+                };
                 match buf {
-                    Some(b) => Session::respond(Response::AllocBuffer {
+                    Ok(b) => Session::respond(Response::AllocBuffer {
                         remote_ptr: b.handle,
                         remote_size: b.size,
                     }),
-                    None => {
+                    Err(why) => {
                         self.shared.log(&format!(
-                            "session {}: ALLOC_BUFFER of {size} bytes refused (quota {}, used {})",
-                            self.id,
-                            reg.quota(),
-                            reg.used()
+                            "session {}: ALLOC_BUFFER of {size} bytes refused: {why}",
+                            self.id
                         ));
                         Session::respond(Response::AllocBuffer {
                             remote_ptr: 0,
@@ -106,22 +123,11 @@ impl Session {
                 reg.fill("BUFFER_CLEAR", remote_ptr, 0, b.size, value)?;
                 Ok(None)
             }
-            Request::SetTensor {
-                tensor,
-                cache_flag,
-                offset,
-                data,
-            } => {
-                let c = self.tensor("SET_TENSOR", &tensor)?;
-                let (region, at) = c.range("SET_TENSOR", offset, data.len() as u64)?;
-                reg.write("SET_TENSOR", region.handle, at, data)?;
-                if cache_flag != 0 {
-                    if let Some(cache) = &self.shared.cache {
-                        if let Err(e) = cache.put(data) {
-                            self.shared.log(&format!("session {}: {e}", self.id));
-                        }
-                    }
-                }
+            req @ Request::SetTensor { .. } => {
+                // Only reached by a caller of `dispatch` with a decoded
+                // request: the one SET_TENSOR implementation takes bytes.
+                let payload = req.encode_payload();
+                self.set_tensor(&mut payload.as_slice(), payload.len(), self.wait_until())?;
                 Ok(None)
             }
             Request::SetTensorHash {
@@ -131,7 +137,23 @@ impl Session {
             } => {
                 let c = self.tensor("SET_TENSOR_HASH", &tensor)?;
                 let room = c.nbytes.saturating_sub(offset);
-                let Some(data) = self.shared.cache.as_ref().and_then(|k| k.get(hash, room)) else {
+                let Some(cache) = self.shared.cache.as_ref() else {
+                    return Session::respond(Response::Status(0));
+                };
+                let Some(len) = cache.entry_len(hash).filter(|&l| l <= room) else {
+                    return Session::respond(Response::Status(0));
+                };
+                // The entry is read whole into memory: that memory comes
+                // from the in-flight budget like any payload. Without room
+                // the client is told "not cached" and uploads it (streamed).
+                let _held = match self.reserve("SET_TENSOR_HASH", len, self.wait_until()) {
+                    Ok(h) => h,
+                    Err(e) => {
+                        self.shared.log(&format!("session {}: {e}", self.id));
+                        return Session::respond(Response::Status(0));
+                    }
+                };
+                let Some(data) = cache.get(hash, len) else {
                     return Session::respond(Response::Status(0));
                 };
                 let (region, at) = c.range("SET_TENSOR_HASH", offset, data.len() as u64)?;
@@ -143,15 +165,17 @@ impl Session {
                 offset,
                 size,
             } => {
-                let c = self.tensor("GET_TENSOR", &tensor)?;
-                let (region, at) = c.range("GET_TENSOR", offset, size)?;
-                cfg.limits.check("GET_TENSOR", size)?;
-                self.response_budget = Some(shared.budget.reserve(
-                    "GET_TENSOR",
-                    size,
-                    cfg.frame_timeout,
-                )?);
-                let data = reg.read_range("GET_TENSOR", region.handle, at, size)?;
+                // Sockets stream the answer (`Session::run`); a whole-frame
+                // caller gets it collected, through the same code.
+                let mut data = Vec::new();
+                let len = usize::try_from(size)
+                    .map_err(|_| RpcError::refused("GET_TENSOR", "size too large"))?;
+                self.tensor("GET_TENSOR", &tensor)?
+                    .range("GET_TENSOR", offset, size)?;
+                data.try_reserve_exact(len).map_err(|_| {
+                    RpcError::refused("GET_TENSOR", format!("cannot allocate {size} bytes"))
+                })?;
+                self.get_tensor(&tensor, offset, size, &mut data, false, self.wait_until())?;
                 Session::respond(Response::Data(data))
             }
             Request::CopyTensor { src, dst } => {
@@ -165,17 +189,26 @@ impl Session {
                     ));
                     return Session::respond(Response::Status(0));
                 };
-                let _held = shared
-                    .budget
-                    .reserve("COPY_TENSOR", s.nbytes, cfg.frame_timeout)?;
-                let data = reg.read_range("COPY_TENSOR", sr.handle, sat, s.nbytes)?;
-                reg.write("COPY_TENSOR", dr.handle, dat, &data)?;
+                // Staged a piece at a time: a copy of any size holds at
+                // most one piece of in-flight budget.
+                let chunk = self.stage_chunk(s.nbytes);
+                let _held = self.reserve("COPY_TENSOR", chunk, self.wait_until())?;
+                let mut done = 0;
+                while done < s.nbytes {
+                    let n = (s.nbytes - done).min(chunk);
+                    let data = reg.read_range("COPY_TENSOR", sr.handle, sat + done, n)?;
+                    reg.write("COPY_TENSOR", dr.handle, dat + done, &data)?;
+                    done += n;
+                }
                 Session::respond(Response::Status(1))
             }
             Request::GraphCompute(g) => {
                 let graph = validate_graph(*g, cfg.devices, reg.as_ref(), &cfg.graph_limits)?;
                 let graph = Arc::new(graph);
+                // Kept for GRAPH_RECOMPUTE: counted before it runs.
+                let held = self.hold_graph(&graph)?;
                 self.run_graph(&graph)?;
+                self.last_graph_held.insert(graph.device, held);
                 self.last_graph.insert(graph.device, graph);
                 Ok(None)
             }
@@ -255,12 +288,14 @@ impl Session {
                     self.shared.log(&format!("session {}: {e}", self.id));
                     return Session::respond(Response::Status(0));
                 }
-                let _held = shared
-                    .budget
-                    .reserve("COPY_TENSOR_TO", size, cfg.frame_timeout)?;
-                let data = reg.read_range("COPY_TENSOR_TO", region.handle, at, size)?;
-                // No lock is held while talking to the peer.
-                match self.peers.copy(&endpoint, &dst, &data) {
+                let chunk = self.stage_chunk(size);
+                let _held = self.reserve("COPY_TENSOR_TO", chunk, self.wait_until())?;
+                // A piece at a time; no lock is held while talking to the peer.
+                let read = |off: u64, n: u64| {
+                    reg.read_range("COPY_TENSOR_TO", region.handle, at + off, n)
+                        .map_err(|e| e.to_string())
+                };
+                match self.peers.copy(&endpoint, &dst, size, chunk, read) {
                     Ok(()) => Session::respond(Response::Status(1)),
                     Err(reason) => {
                         self.shared.log(&format!(

@@ -123,10 +123,22 @@ impl BufferLookup for LockedLookup<'_> {
         if end > m.len {
             return None;
         }
-        // SAFETY: [start, end) lies inside the buffer, which this thread holds
-        // write-locked for the whole compute; ggml is not running right now.
-        let bytes = unsafe { std::slice::from_raw_parts(m.ptr.add(start), end - start) };
-        Some(bytes.to_vec())
+        let n = end - start;
+        let mut out: Vec<u8> = Vec::new();
+        out.try_reserve_exact(n).ok()?;
+        // A raw copy, never a `&[u8]` over the buffer: an engine peer's NIC
+        // may write these bytes at any time (outside the buffer locks), and
+        // a shared reference would promise they do not change
+        // (`host_memory.rs`). A torn read is harmless: the copy is what
+        // gets checked and what the kernel reads.
+        // SAFETY: [start, end) lies inside the buffer's mapping, which stays
+        // mapped while this thread holds it write-locked for the compute;
+        // `out` has room for `n` bytes and does not overlap the buffer.
+        unsafe {
+            std::ptr::copy_nonoverlapping(m.ptr.add(start), out.as_mut_ptr(), n);
+            out.set_len(n);
+        }
+        Some(out)
     }
 }
 

@@ -32,13 +32,14 @@ use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 pub use cache::HashCache;
 pub use compute::{ComputeBackend, RefusingBackend};
 pub use config::ServerConfig;
 #[cfg(feature = "ggml")]
 pub use ggml_backend::GgmlCpuBackend;
-pub use registry::BufferRegistry;
+pub use registry::{BufferLimits, BufferRegistry};
 
 use crate::error::{Result, RpcError};
 use admission::{Admission, AdmissionLimits};
@@ -94,8 +95,20 @@ pub struct Server {
 }
 
 impl Server {
-    /// Binds `config.bind` and prepares the shared state.
-    pub fn bind(config: ServerConfig, backend: Arc<dyn ComputeBackend>) -> Result<Server> {
+    /// Binds `config.bind` and prepares the shared state. `max_buffers` is
+    /// lowered to what the descriptor limit can hold next to the
+    /// connections (see [`fit_descriptors`]).
+    pub fn bind(mut config: ServerConfig, backend: Arc<dyn ComputeBackend>) -> Result<Server> {
+        if let Some(fit) = fit_descriptors(&config) {
+            if fit < config.max_buffers {
+                eprintln!(
+                    "transfer-rpc-server: the descriptor limit (ulimit -n) holds {fit} buffers next to \
+                     the connections; --max-buffers lowered from {}",
+                    config.max_buffers
+                );
+                config.max_buffers = fit;
+            }
+        }
         let listener =
             TcpListener::bind(&config.bind).map_err(|e| RpcError::io("Server::bind", e))?;
         let cache = config
@@ -110,7 +123,13 @@ impl Server {
             max_pending_per_address: config.max_pending_per_address,
         });
         let shared = Arc::new(Shared {
-            registry: Arc::new(BufferRegistry::new(config.memory_quota)),
+            registry: Arc::new(BufferRegistry::with_limits(
+                config.memory_quota,
+                BufferLimits {
+                    per_session: config.max_buffers_per_session,
+                    total: config.max_buffers,
+                },
+            )),
             backend,
             device_locks: (0..config.devices).map(|_| Mutex::new(())).collect(),
             cache,
@@ -119,7 +138,7 @@ impl Server {
             live: Mutex::new(HashMap::new()),
             closed_with_error: AtomicU64::new(0),
             admission,
-            budget: InflightBudget::new(config.inflight_budget),
+            budget: InflightBudget::with_share(config.inflight_budget, config.inflight_per_address),
             config,
         });
         Ok(Server { shared, listener })
@@ -140,6 +159,7 @@ impl Server {
     /// Serves until shut down (blocks the calling thread).
     pub fn run(self) -> Result<()> {
         let stop = || self.shared.stop.load(Ordering::SeqCst);
+        let mut failing = AcceptBackoff::default();
         loop {
             let (stream, peer) = match self.listener.accept() {
                 Ok(x) => x,
@@ -147,10 +167,23 @@ impl Server {
                     if stop() {
                         return Ok(());
                     }
-                    self.shared.log(&format!("accept failed: {e}"));
+                    // Out of descriptors (EMFILE/ENFILE) or memory: the
+                    // connection stays in the backlog and accept() fails
+                    // again at once. Retrying at once spun a core and
+                    // wrote 650,000 log lines in 4 s; back off until
+                    // sessions or hello deadlines free something.
+                    let (pause, report) = failing.failed();
+                    if let Some(suppressed) = report {
+                        self.shared.log(&format!(
+                            "accept failed: {e} ({suppressed} more failures since the last report; \
+                             retrying every {pause:?})"
+                        ));
+                    }
+                    std::thread::sleep(pause);
                     continue;
                 }
             };
+            failing = AcceptBackoff::default();
             if stop() {
                 return Ok(());
             }
@@ -200,6 +233,84 @@ impl Server {
             thread: Some(thread),
         })
     }
+}
+
+/// Pause after each failed accept: doubling from 1 ms to 100 ms, one log
+/// line per second at most.
+#[derive(Debug, Default)]
+struct AcceptBackoff {
+    failures: u32,
+    suppressed: u64,
+    last_report: Option<Instant>,
+}
+
+impl AcceptBackoff {
+    const FIRST: Duration = Duration::from_millis(1);
+    const MOST: Duration = Duration::from_millis(100);
+    const REPORT_EVERY: Duration = Duration::from_secs(1);
+
+    /// One more failure: how long to pause, and whether to log it (with
+    /// the failures not logged since the last line).
+    fn failed(&mut self) -> (Duration, Option<u64>) {
+        let pause = Self::FIRST
+            .saturating_mul(1u32 << self.failures.min(16))
+            .min(Self::MOST);
+        self.failures = self.failures.saturating_add(1);
+        let now = Instant::now();
+        if self
+            .last_report
+            .is_none_or(|t| now.duration_since(t) >= Self::REPORT_EVERY)
+        {
+            self.last_report = Some(now);
+            (pause, Some(std::mem::take(&mut self.suppressed)))
+        } else {
+            self.suppressed += 1;
+            (pause, None)
+        }
+    }
+}
+
+/// Descriptors a server needs besides its buffers: the standard ones, the
+/// listener, the log, compute workers' sockets, cache files (a margin of
+/// 64); three per connection waiting for its HELLO (socket, the live-list
+/// and admission clones), two per session and its peer connections.
+fn descriptors_besides_buffers(c: &ServerConfig) -> u64 {
+    let per_session = 2 + c.max_peer_connections_per_session as u64;
+    64 + 3 * c.max_pending as u64 + per_session * c.max_connections as u64
+}
+
+/// How many buffers fit in the process's descriptor limit next to
+/// everything else (one memfd each), after raising the soft limit to the
+/// hard one; `None` when the limit cannot be read.
+pub fn fit_descriptors(c: &ServerConfig) -> Option<usize> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct we pass and nothing else.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return None;
+    }
+    if lim.rlim_cur < lim.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: lim.rlim_max,
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: setrlimit only reads the struct; raising the soft limit
+        // up to the hard one needs no privilege. On failure the old limit
+        // stays and is what we count with.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            lim = raised;
+        }
+    }
+    let have: u64 = lim.rlim_cur;
+    // The estimate assumes every connection slot full at once; under a
+    // small limit buffers still get a quarter of it (the accept loop backs
+    // off if connections then run out).
+    let left = have
+        .saturating_sub(descriptors_besides_buffers(c))
+        .max(have / 4);
+    Some(usize::try_from(left).unwrap_or(usize::MAX))
 }
 
 fn serve_connection(shared: Arc<Shared>, id: u64, mut stream: TcpStream, peer: SocketAddr) {

@@ -10,7 +10,7 @@
 //! copies may go ([`PeerAllow`]); by default nowhere (COPY_TENSOR_TO then
 //! answers 0 and the client copies through itself).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
@@ -95,6 +95,23 @@ impl PeerAllow {
         Ok(PeerAllow(rules))
     }
 
+    /// Whether a rule allows the host `ip` (port `port`, when the address
+    /// has one): `any`, a network holding it, or an exact `ip:port`.
+    pub fn permits_ip(&self, ip: IpAddr, port: Option<u16>) -> bool {
+        self.0.iter().any(|r| match r {
+            PeerRule::Any => true,
+            PeerRule::Net(net, bits) => in_net(ip, *net, *bits),
+            PeerRule::Endpoint(e) => {
+                port.is_some_and(|p| e.parse::<SocketAddr>() == Ok(SocketAddr::new(ip, p)))
+            }
+        })
+    }
+
+    /// Whether the rules allow only what `any` allows.
+    pub fn permits_any(&self) -> bool {
+        self.0.contains(&PeerRule::Any)
+    }
+
     /// What to connect to for `endpoint`, if a rule allows it: the
     /// endpoint itself (`any`, an exact rule) or the checked socket address
     /// (a network rule; connecting to the literal address means nothing is
@@ -120,6 +137,9 @@ pub struct PeerConfig {
     pub connect_timeout: Duration,
     /// Read/write timeout.
     pub io_timeout: Duration,
+    /// Most connections kept open (one more closes the least recently
+    /// used); also bounds the destinations remembered as unsupported.
+    pub max_connections: usize,
 }
 
 /// Cached peer connections of one session.
@@ -127,6 +147,8 @@ pub struct PeerConfig {
 pub struct PeerPool {
     config: PeerConfig,
     conns: HashMap<String, Client>,
+    /// Cached endpoints, least recently used first.
+    order: VecDeque<String>,
     unsupported: HashSet<String>,
 }
 
@@ -136,6 +158,7 @@ impl PeerPool {
         PeerPool {
             config,
             conns: HashMap::new(),
+            order: VecDeque::new(),
             unsupported: HashSet::new(),
         }
     }
@@ -182,14 +205,17 @@ impl PeerPool {
         Ok(c)
     }
 
-    /// Writes `data` into `dst` on `endpoint` and waits for PEER_BARRIER.
+    /// Writes `size` bytes into `dst` on `endpoint`, `chunk` bytes at a
+    /// time as `read(offset, len)` gives them, and waits for PEER_BARRIER.
     /// Returns false (with the reason) on any failure; the connection is
     /// dropped so the next attempt starts fresh.
     pub fn copy(
         &mut self,
         endpoint: &str,
         dst: &RpcTensor,
-        data: &[u8],
+        size: u64,
+        chunk: u64,
+        mut read: impl FnMut(u64, u64) -> std::result::Result<Vec<u8>, String>,
     ) -> std::result::Result<(), String> {
         if self.unsupported.contains(endpoint) {
             return Err(format!("{endpoint} does not support the extension"));
@@ -197,6 +223,15 @@ impl PeerPool {
         if !self.conns.contains_key(endpoint) {
             match self.connect(endpoint) {
                 Ok(c) => {
+                    // A client naming ever new destinations would otherwise
+                    // make this session hold a socket (and a session on the
+                    // destination) for each.
+                    while self.conns.len() >= self.config.max_connections.max(1) {
+                        let Some(old) = self.order.pop_front() else {
+                            break;
+                        };
+                        self.conns.remove(&old);
+                    }
                     self.conns.insert(endpoint.to_owned(), c);
                 }
                 Err(e) => {
@@ -204,29 +239,48 @@ impl PeerPool {
                         e,
                         RpcError::ExtensionUnsupported { .. } | RpcError::Version { .. }
                     ) {
+                        if self.unsupported.len() >= 8 * self.config.max_connections.max(1) {
+                            self.unsupported.clear();
+                        }
                         self.unsupported.insert(endpoint.to_owned());
                     }
                     return Err(e.to_string());
                 }
             }
         }
+        self.order.retain(|e| e != endpoint);
+        self.order.push_back(endpoint.to_owned());
         let Some(conn) = self.conns.get_mut(endpoint) else {
             return Err("peer connection vanished".into());
         };
-        let result = conn
-            .set_tensor(dst, 0, data)
-            .and_then(|()| conn.peer_barrier());
+        let mut done = 0u64;
+        let mut result = Ok(true);
+        while done < size {
+            let n = (size - done).min(chunk.max(1));
+            let piece = read(done, n)?;
+            if let Err(e) = conn.set_tensor(dst, done, &piece) {
+                result = Err(e);
+                break;
+            }
+            done += n;
+        }
+        let result = result.and_then(|_| conn.peer_barrier());
         match result {
             Ok(true) => Ok(()),
             Ok(false) => {
-                self.conns.remove(endpoint);
+                self.forget(endpoint);
                 Err("peer barrier failed".into())
             }
             Err(e) => {
-                self.conns.remove(endpoint);
+                self.forget(endpoint);
                 Err(format!("destination rejected or dropped the write: {e}"))
             }
         }
+    }
+
+    fn forget(&mut self, endpoint: &str) {
+        self.conns.remove(endpoint);
+        self.order.retain(|e| e != endpoint);
     }
 
     /// Number of cached connections.
@@ -268,6 +322,13 @@ mod tests {
         assert!(net.permits("host.example:8").is_none());
         assert!(allow(&["any"]).permits("anything:1").is_some());
         assert!(allow(&["0.0.0.0/0"]).permits("192.168.1.1:1").is_some());
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap_or(IpAddr::from([0, 0, 0, 0]));
+        assert!(lo.permits_ip(ip("127.0.0.9"), None));
+        assert!(!lo.permits_ip(ip("10.0.0.1"), Some(5)));
+        let exact = allow(&["10.1.2.3:7"]);
+        assert!(exact.permits_ip(ip("10.1.2.3"), Some(7)));
+        assert!(!exact.permits_ip(ip("10.1.2.3"), Some(8)));
+        assert!(!exact.permits_ip(ip("10.1.2.3"), None));
         for bad in ["10.0.0.0/33", "nonsense", ":80", "host:99999"] {
             assert!(PeerAllow::parse(&[bad.to_string()]).is_err(), "{bad}");
         }

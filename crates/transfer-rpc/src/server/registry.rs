@@ -40,6 +40,9 @@ pub struct Buffer {
     pub device: u32,
     /// Session that owns it.
     pub owner: u64,
+    /// Bytes charged against the quota: at least a page (see
+    /// [`charge_of`]).
+    charged: u64,
     /// The lock orders this server's own accesses (copies, compute); the
     /// memory itself is only ever touched through raw pointers.
     data: RwLock<HostMemory>,
@@ -79,6 +82,30 @@ struct Inner {
     buffers: HashMap<u64, Arc<Buffer>>,
     used: u64,
     next_base: u64,
+    /// Live buffers per owning session.
+    per_owner: HashMap<u64, usize>,
+}
+
+/// How many buffers may live at once. Every buffer holds a memfd (one
+/// descriptor in the server, another in each compute worker that maps it),
+/// two mappings and at least a page whatever its size, so the count is
+/// bounded apart from the bytes: a session of zero-byte buffers once took
+/// every descriptor of the process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BufferLimits {
+    /// Most live buffers one session may own.
+    pub per_session: usize,
+    /// Most live buffers in total.
+    pub total: usize,
+}
+
+impl Default for BufferLimits {
+    fn default() -> Self {
+        BufferLimits {
+            per_session: usize::MAX,
+            total: usize::MAX,
+        }
+    }
 }
 
 /// All live buffers of a server, shared by its sessions.
@@ -86,6 +113,14 @@ struct Inner {
 pub struct BufferRegistry {
     inner: Mutex<Inner>,
     quota: u64,
+    limits: BufferLimits,
+}
+
+/// Bytes a buffer of `size` takes from the quota: its size, but never less
+/// than a page (each buffer is its own memfd and mapping, so an empty one
+/// still costs a page; charged nothing, they were free to hoard).
+pub fn charge_of(size: u64) -> u64 {
+    size.max(PAGE)
 }
 
 /// 64 bits from the operating system's CSPRNG; `None` if it cannot answer
@@ -94,6 +129,15 @@ fn random_handle() -> Option<u64> {
     let mut b = [0u8; 8];
     getrandom::getrandom(&mut b).ok()?;
     Some(u64::from_le_bytes(b))
+}
+
+fn forget_owned(per_owner: &mut HashMap<u64, usize>, owner: u64, n: usize) {
+    if let Some(c) = per_owner.get_mut(&owner) {
+        *c = c.saturating_sub(n);
+        if *c == 0 {
+            per_owner.remove(&owner);
+        }
+    }
 }
 
 fn range(call: &'static str, buf: &Buffer, offset: u64, len: u64) -> Result<(usize, usize)> {
@@ -107,16 +151,34 @@ fn range(call: &'static str, buf: &Buffer, offset: u64, len: u64) -> Result<(usi
 }
 
 impl BufferRegistry {
-    /// A registry that allocates at most `quota` bytes in total.
+    /// A registry that allocates at most `quota` bytes in total, with no
+    /// bound on the number of buffers (a compute worker's mirror).
     pub fn new(quota: u64) -> Self {
+        BufferRegistry::with_limits(quota, BufferLimits::default())
+    }
+
+    /// A registry of at most `quota` bytes and `limits` buffers.
+    pub fn with_limits(quota: u64, limits: BufferLimits) -> Self {
         BufferRegistry {
             inner: Mutex::new(Inner {
                 buffers: HashMap::new(),
                 used: 0,
                 next_base: FIRST_BASE,
+                per_owner: HashMap::new(),
             }),
             quota,
+            limits,
         }
+    }
+
+    /// The bounds on the number of buffers.
+    pub fn limits(&self) -> BufferLimits {
+        self.limits
+    }
+
+    /// Live buffers owned by `owner`.
+    pub fn owned_by(&self, owner: u64) -> usize {
+        self.lock().per_owner.get(&owner).copied().unwrap_or(0)
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -143,27 +205,70 @@ impl BufferRegistry {
         self.len() == 0
     }
 
-    /// Allocates `size` zeroed bytes for `owner`; `None` when over quota or
-    /// out of memory (never aborts).
+    /// Allocates `size` zeroed bytes for `owner`; `None` when refused (see
+    /// [`BufferRegistry::alloc_for`]).
     pub fn alloc(&self, owner: u64, device: u32, size: u64) -> Option<Arc<Buffer>> {
-        let len = usize::try_from(size).ok()?;
-        {
-            let inner = self.lock();
-            if inner.used.checked_add(size)? > self.quota {
-                return None;
-            }
+        self.alloc_for(owner, device, size).ok()
+    }
+
+    /// Why a buffer for `owner` cannot be had now, if it cannot.
+    fn refusal(&self, inner: &Inner, owner: u64, charge: u64) -> Option<String> {
+        let owned = inner.per_owner.get(&owner).copied().unwrap_or(0);
+        if owned >= self.limits.per_session {
+            return Some(format!(
+                "the session owns {owned} buffers, the most one may (--max-buffers-per-session)"
+            ));
         }
-        let data = HostMemory::zeroed(len)?;
+        if inner.buffers.len() >= self.limits.total {
+            return Some(format!(
+                "{} buffers are live, the most the server holds (--max-buffers)",
+                inner.buffers.len()
+            ));
+        }
+        if inner
+            .used
+            .checked_add(charge)
+            .is_none_or(|u| u > self.quota)
+        {
+            return Some(format!(
+                "{charge} bytes do not fit the quota ({} of {} bytes used)",
+                inner.used, self.quota
+            ));
+        }
+        None
+    }
+
+    /// Allocates `size` zeroed bytes for `owner`, charging
+    /// [`charge_of`]`(size)` against the quota; the reason when over the
+    /// quota or the buffer limits, or out of memory (never aborts).
+    pub fn alloc_for(
+        &self,
+        owner: u64,
+        device: u32,
+        size: u64,
+    ) -> std::result::Result<Arc<Buffer>, String> {
+        let len = usize::try_from(size).map_err(|_| format!("{size} bytes"))?;
+        let charge = charge_of(size);
+        if let Some(why) = self.refusal(&self.lock(), owner, charge) {
+            return Err(why);
+        }
+        let data = HostMemory::zeroed(len)
+            .ok_or_else(|| format!("cannot map {size} bytes (memory or descriptors)"))?;
         let mut inner = self.lock();
-        let used = inner.used.checked_add(size).filter(|&u| u <= self.quota)?;
+        if let Some(why) = self.refusal(&inner, owner, charge) {
+            return Err(why);
+        }
         let span = size
             .max(1)
-            .checked_next_multiple_of(PAGE)?
-            .checked_add(PAGE)?;
+            .checked_next_multiple_of(PAGE)
+            .and_then(|s| s.checked_add(PAGE))
+            .ok_or("size")?;
         let base = inner.next_base;
-        let next = base.checked_add(span)?;
+        let next = base
+            .checked_add(span)
+            .ok_or("the remote address space is used up")?;
         let handle = loop {
-            let h = random_handle()?;
+            let h = random_handle().ok_or("no randomness from the OS")?;
             if h != 0 && !inner.buffers.contains_key(&h) {
                 break h;
             }
@@ -174,12 +279,14 @@ impl BufferRegistry {
             size,
             device,
             owner,
+            charged: charge,
             data: RwLock::new(data),
         });
         inner.next_base = next;
-        inner.used = used;
+        inner.used = inner.used.saturating_add(charge);
+        *inner.per_owner.entry(owner).or_insert(0) += 1;
         inner.buffers.insert(handle, Arc::clone(&buf));
-        Some(buf)
+        Ok(buf)
     }
 
     /// Adds a buffer whose memory is mapped from elsewhere (a compute
@@ -192,6 +299,7 @@ impl BufferRegistry {
             size,
             device: 0,
             owner: 0,
+            charged: 0,
             data: RwLock::new(memory),
         });
         self.lock().buffers.insert(handle, buf);
@@ -220,9 +328,10 @@ impl BufferRegistry {
                 "buffer belongs to another session",
             )),
             Some(b) => {
-                let size = b.size;
+                let charged = b.charged;
                 inner.buffers.remove(&handle);
-                inner.used = inner.used.saturating_sub(size);
+                inner.used = inner.used.saturating_sub(charged);
+                forget_owned(&mut inner.per_owner, owner, 1);
                 Ok(())
             }
         }
@@ -236,12 +345,14 @@ impl BufferRegistry {
         inner.buffers.retain(|_, b| {
             let keep = b.owner != owner;
             if !keep {
-                freed = freed.saturating_add(b.size);
+                freed = freed.saturating_add(b.charged);
             }
             keep
         });
         inner.used = inner.used.saturating_sub(freed);
-        before - inner.buffers.len()
+        let n = before - inner.buffers.len();
+        forget_owned(&mut inner.per_owner, owner, n);
+        n
     }
 
     fn buffer(&self, call: &'static str, handle: u64) -> Result<Arc<Buffer>> {
@@ -300,6 +411,43 @@ impl BufferRegistry {
         } else {
             Err(RpcError::refused(call, "range is outside the buffer"))
         }
+    }
+}
+
+/// Bytes held against a registry's quota besides its buffers (a retained
+/// graph); given back on drop.
+#[derive(Debug)]
+pub struct Held {
+    registry: std::sync::Weak<BufferRegistry>,
+    bytes: u64,
+}
+
+impl Held {
+    /// Bytes held.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Some(r) = self.registry.upgrade() {
+            let mut inner = r.lock();
+            inner.used = inner.used.saturating_sub(self.bytes);
+        }
+    }
+}
+
+impl BufferRegistry {
+    /// Charges `bytes` of server memory that is not a buffer against the
+    /// quota (GET_DEVICE_MEMORY shows it taken); `None` when it does not fit.
+    pub fn hold(self: &Arc<Self>, bytes: u64) -> Option<Held> {
+        let mut inner = self.lock();
+        inner.used = inner.used.checked_add(bytes).filter(|&u| u <= self.quota)?;
+        Some(Held {
+            registry: Arc::downgrade(self),
+            bytes,
+        })
     }
 }
 
@@ -369,6 +517,8 @@ mod tests {
         let r = BufferRegistry::new(10_000);
         let a = r.alloc(1, 0, 4000).ok_or("first allocation refused")?;
         let b = r.alloc(2, 0, 4000).ok_or("second allocation refused")?;
+        // 2 x 4096 charged: 1808 bytes left, less than a page.
+        assert!(r.alloc(1, 0, 0).is_none(), "an empty buffer costs a page");
         assert!(r.alloc(1, 0, 4000).is_none(), "quota");
         assert_ne!(a.handle, b.handle);
         assert!(b.base >= a.base + 4096 + 4096, "guard gap");
@@ -378,11 +528,38 @@ mod tests {
         assert!(r.write("t", a.handle, u64::MAX, &[1]).is_err());
         assert_eq!(r.read_range("t", a.handle, 3995, 5)?, vec![1; 5]);
         assert_eq!(r.free_all(1), 1);
-        assert_eq!(r.used(), 4000);
+        assert_eq!(r.used(), 4096, "charged a page");
         r.free(2, b.handle)?;
         assert!(r.is_empty());
         assert!(r.alloc(1, 0, u64::MAX).is_none());
         Ok(())
+    }
+
+    #[test]
+    fn buffers_are_counted_per_session_and_in_total() {
+        let r = BufferRegistry::with_limits(
+            1 << 30,
+            BufferLimits {
+                per_session: 3,
+                total: 5,
+            },
+        );
+        let mine: Vec<_> = (0..5).filter_map(|_| r.alloc(1, 0, 0)).collect();
+        assert_eq!(mine.len(), 3, "per session");
+        assert_eq!(r.used(), 3 * 4096);
+        assert!(
+            r.alloc_for(1, 0, 0)
+                .is_err_and(|e| e.contains("per-session"))
+        );
+        assert_eq!(r.owned_by(1), 3);
+        let theirs: Vec<_> = (0..5).filter_map(|_| r.alloc(2, 0, 0)).collect();
+        assert_eq!(theirs.len(), 2, "in total");
+        assert!(r.free(1, mine[0].handle).is_ok());
+        assert_eq!(r.owned_by(1), 2);
+        assert!(r.alloc(1, 0, 0).is_some(), "a freed slot is reusable");
+        assert_eq!(r.free_all(1), 3);
+        assert_eq!(r.owned_by(1), 0);
+        assert_eq!(r.used(), 2 * 4096);
     }
 
     /// Inverse of the splitmix64 finaliser the registry once derived

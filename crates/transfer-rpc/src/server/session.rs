@@ -5,15 +5,17 @@ use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{IpAddr, TcpStream};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::Instant;
 
 use super::Shared;
 use super::admission::SessionSlot;
 use super::budget::Reservation;
 use super::peer::{PeerAllow, PeerConfig, PeerPool};
+use super::registry::Held;
 #[cfg(feature = "engine")]
 use crate::engine_link::EngineSession;
 use crate::error::{Result, RpcError};
+use crate::io::Deadline;
 use crate::protocol::frame::{REQUEST_HEADER_SIZE, encode_response};
 use crate::protocol::request::{
     SET_TENSOR_HEADER_SIZE, decode_set_tensor_header, max_request_payload,
@@ -28,14 +30,16 @@ pub struct Session {
     pub(super) peer_ip: IpAddr,
     /// The session slot, from the HELLO on (released on drop).
     pub(super) slot: Option<SessionSlot>,
-    /// The read timeout the socket has now (set only when it changes).
-    read_timeout: Option<Duration>,
-    /// Budget held by the response being sent (GET_TENSOR data).
-    pub(super) response_budget: Option<Reservation>,
+    /// When the connection was accepted: its HELLO is due `hello_timeout`
+    /// after it, however it trickles in.
+    started: Instant,
     pub(super) shared: Arc<Shared>,
     pub(super) hello_done: bool,
     pub(super) peers: PeerPool,
     pub(super) last_graph: HashMap<u32, Arc<ValidatedGraph>>,
+    /// What each retained graph of `last_graph` is charged against --mem
+    /// (its bytes, released with it).
+    pub(super) last_graph_held: HashMap<u32, Held>,
     /// ENGINE_* state, when the server has an engine.
     #[cfg(feature = "engine")]
     pub(super) engine: Option<EngineSession>,
@@ -51,7 +55,7 @@ enum Next {
 
 /// SET_TENSOR data is copied to its buffer in pieces of at most this many
 /// bytes, so a session holds at most this much of a large upload.
-const STREAM_CHUNK: usize = 4 << 20;
+pub(super) const STREAM_CHUNK: usize = 4 << 20;
 
 impl Session {
     /// A new session for connection `id`.
@@ -61,6 +65,7 @@ impl Session {
             allow: c.peer_allow.clone(),
             connect_timeout: c.peer_connect_timeout,
             io_timeout: c.peer_io_timeout,
+            max_connections: c.max_peer_connections_per_session,
         });
         #[cfg(feature = "engine")]
         let engine = c
@@ -71,12 +76,12 @@ impl Session {
             id,
             peer_ip,
             slot: None,
-            read_timeout: Some(c.hello_timeout),
-            response_budget: None,
+            started: Instant::now(),
             shared,
             hello_done: false,
             peers,
             last_graph: HashMap::new(),
+            last_graph_held: HashMap::new(),
             #[cfg(feature = "engine")]
             engine,
         }
@@ -99,37 +104,39 @@ impl Session {
         self.slot.is_some()
     }
 
-    fn set_read_timeout(&mut self, stream: &TcpStream, t: Option<Duration>) -> Result<()> {
-        if self.read_timeout != t {
-            stream
-                .set_read_timeout(t)
-                .map_err(|e| RpcError::io("set_read_timeout", e))?;
-            self.read_timeout = t;
+    /// The deadline of a frame of `bytes` payload bytes started at `start`
+    /// (before the HELLO: the HELLO's deadline, counted from accept).
+    fn deadline(&self, start: Instant, bytes: u64) -> Instant {
+        let c = &self.shared.config;
+        if self.hello_done {
+            crate::io::frame_deadline(start, c.frame_timeout, bytes, c.frame_min_rate)
+        } else {
+            self.started + c.hello_timeout
         }
-        Ok(())
     }
 
     fn read_frame(&mut self, stream: &mut TcpStream) -> Result<Next> {
         let cfg = &self.shared.config;
-        // Between frames: the HELLO deadline, then the idle timeout.
-        let between = if self.hello_done {
-            cfg.idle_timeout
-        } else {
-            Some(cfg.hello_timeout)
-        };
-        let frame_timeout = cfg.frame_timeout;
-        self.set_read_timeout(stream, between)?;
         let mut head = [0u8; REQUEST_HEADER_SIZE];
-        match stream.read_exact(&mut head[..1]) {
+        // Between frames: the HELLO deadline, then the idle timeout.
+        let first = if self.hello_done {
+            stream
+                .set_read_timeout(cfg.idle_timeout)
+                .map_err(|e| RpcError::io("set_read_timeout", e))?;
+            stream.read_exact(&mut head[..1])
+        } else {
+            Deadline::new(stream, self.deadline(self.started, 0)).read_exact(&mut head[..1])
+        };
+        match first {
             Ok(()) => {}
             Err(e) if e.kind() == ErrorKind::UnexpectedEof => return Ok(Next::Closed),
             Err(e) => return Err(RpcError::io("read command", e)),
         }
-        // Inside a frame every byte must come within the frame timeout (a
-        // pending connection keeps its HELLO deadline).
-        if self.hello_done {
-            self.set_read_timeout(stream, Some(frame_timeout))?;
-        }
+        // From its first byte a frame has one deadline for all of it,
+        // however its bytes are spread out (a pending connection keeps its
+        // HELLO deadline).
+        let start = Instant::now();
+        let mut io = Deadline::new(stream, self.deadline(start, 0));
         let cmd = Command::from_byte(head[0])?;
         if cmd.is_extension() && !self.shared.config.extensions {
             return Err(RpcError::UnknownCommand(head[0]));
@@ -143,8 +150,7 @@ impl Session {
         if !self.hello_done && cmd != Command::Hello {
             return Err(RpcError::refused(cmd.name(), "HELLO must come first"));
         }
-        stream
-            .read_exact(&mut head[1..])
+        io.read_exact(&mut head[1..])
             .map_err(|e| RpcError::io("read size", e))?;
         let mut size = [0u8; 8];
         size.copy_from_slice(&head[1..]);
@@ -163,31 +169,124 @@ impl Session {
                 format!("payload of {declared} bytes, the command carries at most {most}"),
             ));
         }
+        io.set(self.deadline(start, declared));
         if cmd == Command::SetTensor {
-            self.stream_set_tensor(stream, size)?;
+            let until = io.at();
+            self.set_tensor(&mut io, size, until)?;
             return Ok(Next::Streamed);
         }
-        let held = self
-            .shared
-            .budget
-            .reserve(cmd.name(), declared, cfg.frame_timeout)?;
+        let held = self.reserve(cmd.name(), declared, io.at())?;
         // Memory follows the bytes that actually arrive (fallibly).
-        let payload = crate::io::read_payload(stream, size, cmd.name())?;
+        let payload = crate::io::read_payload(&mut io, size, cmd.name())?;
         Ok(Next::Frame(cmd, payload, held))
     }
 
-    /// SET_TENSOR without holding its data: the destination is checked from
-    /// the header before a data byte is read (a payload that does not fit
-    /// its tensor is refused unread), then the data goes to the buffer in
-    /// [`STREAM_CHUNK`] pieces (and to the hash cache, when asked).
-    fn stream_set_tensor(&mut self, stream: &mut TcpStream, size: usize) -> Result<()> {
+    /// Reserves `bytes` of the in-flight budget for this session's address,
+    /// waiting for them at most until `until`.
+    pub(super) fn reserve(
+        &self,
+        call: &'static str,
+        bytes: u64,
+        until: Instant,
+    ) -> Result<Reservation> {
+        let wait = until.saturating_duration_since(Instant::now());
+        self.shared
+            .budget
+            .reserve_as(call, bytes, wait, Some(self.peer_ip))
+    }
+
+    /// GET_TENSOR, the one implementation (sockets stream the answer from
+    /// it, [`Session::handle_frame`] collects it): after the checks, the
+    /// answer (its size first when `header`) goes to `out` a piece of at
+    /// most [`STREAM_CHUNK`] (and the address's share) at a time, so an
+    /// answer of any size holds one piece of in-flight budget, waited for
+    /// until `until`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn get_tensor(
+        &mut self,
+        tensor: &crate::protocol::RpcTensor,
+        offset: u64,
+        size: u64,
+        out: &mut impl Write,
+        header: bool,
+        until: Instant,
+    ) -> Result<()> {
+        const CALL: &str = "GET_TENSOR";
+        let c = crate::validate::check_tensor(CALL, tensor, self.shared.registry.as_ref())?;
+        let (region, at) = c.range(CALL, offset, size)?;
+        self.shared.config.limits.check(CALL, size)?;
+        let chunk = size
+            .min(STREAM_CHUNK as u64)
+            .min(self.shared.budget.per_address())
+            .max(1);
+        let _held = self.reserve(CALL, chunk, until)?;
+        let io = |e| RpcError::io("write response", e);
+        if header {
+            out.write_all(&size.to_le_bytes()).map_err(io)?;
+        }
+        let mut done = 0u64;
+        while done < size {
+            let n = (size - done).min(chunk);
+            let piece = self
+                .shared
+                .registry
+                .read_range(CALL, region.handle, at + done, n)?;
+            out.write_all(&piece).map_err(io)?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Charges the graph `graph` retained for GRAPH_RECOMPUTE on its device
+    /// (replacing the one there) against the session's bound and --mem;
+    /// refused when it does not fit.
+    pub(super) fn hold_graph(&mut self, graph: &ValidatedGraph) -> Result<Held> {
+        const CALL: &str = "GRAPH_COMPUTE";
+        let bytes = retained_bytes(graph);
+        let most = self.shared.config.max_graph_bytes_per_session;
+        let others: u64 = self
+            .last_graph_held
+            .iter()
+            .filter(|(d, _)| **d != graph.device)
+            .map(|(_, h)| h.bytes())
+            .sum();
+        if others.saturating_add(bytes) > most {
+            return Err(RpcError::refused(
+                CALL,
+                format!(
+                    "the graph takes {bytes} bytes to keep, the session's graphs may take {most} \
+                     (--max-graph-mib)"
+                ),
+            ));
+        }
+        // The graph it replaces is given back first.
+        self.last_graph_held.remove(&graph.device);
+        self.shared
+            .registry
+            .hold(bytes)
+            .ok_or_else(|| RpcError::refused(CALL, format!("{bytes} bytes do not fit the quota")))
+    }
+
+    /// SET_TENSOR, the one implementation (sockets stream into it, whole
+    /// frames from [`Session::handle_frame`] and the fuzzers pass their
+    /// payload as `data`): `size` payload bytes, header first. The
+    /// destination is checked from the header before a data byte is read (a
+    /// payload that does not fit its tensor is refused unread), then the
+    /// data goes to the buffer in [`STREAM_CHUNK`] pieces (and to the hash
+    /// cache, when asked), holding at most one piece of in-flight budget,
+    /// waited for until `until`.
+    pub(super) fn set_tensor(
+        &mut self,
+        data: &mut impl Read,
+        size: usize,
+        until: Instant,
+    ) -> Result<()> {
         const CALL: &str = "SET_TENSOR";
         let Some(len) = size.checked_sub(SET_TENSOR_HEADER_SIZE) else {
             return Err(RpcError::malformed(CALL, "shorter than its header"));
         };
         let mut head = [0u8; SET_TENSOR_HEADER_SIZE];
-        stream
-            .read_exact(&mut head)
+        data.read_exact(&mut head)
             .map_err(|e| RpcError::io(CALL, e))?;
         let (tensor, cache_flag, offset) = decode_set_tensor_header(&head)?;
         let c = crate::validate::check_tensor(CALL, &tensor, self.shared.registry.as_ref())?;
@@ -197,11 +296,10 @@ impl Session {
                 .log(&format!("session {}: SET_TENSOR {len} bytes", self.id));
         }
         self.settle_before(Command::SetTensor);
-        let chunk = len.min(STREAM_CHUNK);
-        let _held =
-            self.shared
-                .budget
-                .reserve(CALL, chunk as u64, self.shared.config.frame_timeout)?;
+        let chunk = len
+            .min(STREAM_CHUNK)
+            .min(usize::try_from(self.shared.budget.per_address()).unwrap_or(usize::MAX));
+        let _held = self.reserve(CALL, chunk as u64, until)?;
         let mut buf = Vec::new();
         buf.try_reserve_exact(chunk)
             .map_err(|_| RpcError::refused(CALL, format!("cannot allocate {chunk} bytes")))?;
@@ -216,9 +314,7 @@ impl Session {
             let piece = buf
                 .get_mut(..n)
                 .ok_or_else(|| RpcError::refused(CALL, "chunk"))?;
-            stream
-                .read_exact(piece)
-                .map_err(|e| RpcError::io(CALL, e))?;
+            data.read_exact(piece).map_err(|e| RpcError::io(CALL, e))?;
             self.shared
                 .registry
                 .write(CALL, region.handle, at + done as u64, piece)?;
@@ -240,6 +336,12 @@ impl Session {
     /// SET_TENSOR path and writing); an error means the connection would be
     /// closed. Fuzzers and tests drive sessions through it.
     pub fn handle_frame(&mut self, cmd: Command, payload: &[u8]) -> Result<Option<Response>> {
+        if cmd == Command::SetTensor && self.hello_done {
+            // The path sockets take, fed from the payload.
+            let until = Instant::now() + self.shared.config.frame_timeout;
+            self.set_tensor(&mut &payload[..], payload.len(), until)?;
+            return Ok(None);
+        }
         let req = match Request::decode(cmd, payload) {
             Ok(r) => r,
             Err(e) => match engine_refusal(cmd) {
@@ -267,10 +369,35 @@ impl Session {
                 Next::Streamed => continue,
                 Next::Frame(c, p, r) => (c, p, r),
             };
-            if let Some(resp) = self.handle_frame(cmd, &payload)? {
-                write_response(stream, &resp)?;
+            if cmd == Command::GetTensor && self.hello_done {
+                // Streamed from the buffer straight to the socket.
+                if let Request::GetTensor {
+                    tensor,
+                    offset,
+                    size,
+                } = Request::decode(cmd, &payload)?
+                {
+                    if self.shared.config.verbose {
+                        self.shared
+                            .log(&format!("session {}: GET_TENSOR {size} bytes", self.id));
+                    }
+                    // The answer has one deadline too: a client that takes
+                    // it a byte at a time would otherwise hold its piece of
+                    // the in-flight budget for ever.
+                    let mut io = Deadline::new(stream, self.deadline(Instant::now(), size));
+                    let until = io.at();
+                    self.get_tensor(&tensor, offset, size, &mut io, true, until)?;
+                    continue;
+                }
             }
-            self.response_budget = None;
+            if let Some(resp) = self.handle_frame(cmd, &payload)? {
+                let bytes = match &resp {
+                    Response::Data(d) => d.len() as u64,
+                    _ => 0,
+                };
+                let mut io = Deadline::new(stream, self.deadline(Instant::now(), bytes));
+                write_response(&mut io, &resp)?;
+            }
         }
     }
 
@@ -294,10 +421,12 @@ impl Session {
                 .log(&format!("session {}: freed {freed} buffers", self.id));
         }
         self.last_graph.clear();
+        self.last_graph_held.clear();
         self.peers = PeerPool::new(PeerConfig {
             allow: PeerAllow::default(),
             connect_timeout: self.shared.config.peer_connect_timeout,
             io_timeout: self.shared.config.peer_io_timeout,
+            max_connections: 1,
         });
     }
 
@@ -329,8 +458,24 @@ impl Session {
     }
 }
 
+/// Bytes a validated graph keeps in memory while it is retained for
+/// GRAPH_RECOMPUTE: its tensor records with their checked layouts and
+/// links, and its node and check lists.
+pub fn retained_bytes(g: &ValidatedGraph) -> u64 {
+    use std::mem::size_of;
+    let per_tensor = size_of::<crate::protocol::RpcTensor>()
+        + size_of::<crate::validate::CheckedTensor>()
+        + size_of::<[Option<usize>; crate::protocol::tensor::MAX_SRC]>()
+        + size_of::<Option<usize>>();
+    let lists = g.nodes.len()
+        + g.upfront_index_checks.len()
+        + g.deferred_index_checks.len()
+        + g.deferred_index_positions.len();
+    (size_of::<ValidatedGraph>() + per_tensor * g.tensors.len() + size_of::<usize>() * lists) as u64
+}
+
 /// Writes one response frame; data answers go out without another copy.
-fn write_response(stream: &mut TcpStream, resp: &Response) -> Result<()> {
+fn write_response(stream: &mut impl Write, resp: &Response) -> Result<()> {
     let io = |e| RpcError::io("write response", e);
     match resp {
         Response::Data(d) => {

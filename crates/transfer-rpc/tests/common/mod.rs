@@ -168,3 +168,75 @@ impl Drop for ServerProcess {
         let _ = self.child.wait();
     }
 }
+
+/// A compute backend for tests of the server around compute (admission,
+/// budgets, fairness) in builds without ggml: it computes ADD (op 2) of
+/// contiguous F32 tensors of one shape in Rust, through the registry like
+/// any backend, and refuses every other op.
+pub struct AddBackend;
+
+impl transfer_rpc::server::ComputeBackend for AddBackend {
+    fn name(&self) -> &str {
+        "test ADD"
+    }
+
+    fn compute(
+        &self,
+        graph: &transfer_rpc::validate::ValidatedGraph,
+        memory: &transfer_rpc::server::BufferRegistry,
+    ) -> transfer_rpc::Result<()> {
+        use transfer_rpc::RpcError;
+        const CALL: &str = "AddBackend";
+        for &n in &graph.nodes {
+            let t = &graph.tensors[n];
+            let (Some(a), Some(b)) = (graph.srcs[n][0], graph.srcs[n][1]) else {
+                return Err(RpcError::refused(CALL, "ADD needs two sources"));
+            };
+            if t.op != 2 || t.ty != 0 {
+                return Err(RpcError::refused(CALL, "only F32 ADD"));
+            }
+            let len = graph.checked[n].nbytes;
+            let read = |i: usize| -> transfer_rpc::Result<Vec<u8>> {
+                let (r, at) = graph.checked[i].range(CALL, 0, len)?;
+                memory.read_range(CALL, r.handle, at, len)
+            };
+            let (x, y) = (read(a)?, read(b)?);
+            let sum: Vec<u8> = floats(&x)
+                .iter()
+                .zip(floats(&y))
+                .flat_map(|(p, q)| (p + q).to_le_bytes())
+                .collect();
+            let (r, at) = graph.checked[n].range(CALL, 0, len)?;
+            memory.write(CALL, r.handle, at, &sum)?;
+        }
+        Ok(())
+    }
+}
+
+/// A server (ephemeral 127.0.0.1 port, loopback peers) computing with
+/// [`AddBackend`].
+pub fn start_adding(mut config: ServerConfig) -> ServerHandle {
+    config.bind = "127.0.0.1:0".into();
+    if config.peer_allow == PeerAllow::default() {
+        config.peer_allow = loopback_peers();
+    }
+    Server::bind(config, Arc::new(AddBackend))
+        .unwrap()
+        .spawn()
+        .unwrap()
+}
+
+/// `a + b -> sum`, `n` F32 each, at offsets 0, 4n, 8n of `(buf, base)`.
+pub fn add_graph(buf: u64, base: u64, n: u32) -> transfer_rpc::protocol::GraphPayload {
+    let a = f32_tensor(1, buf, base, 0, n);
+    let b = f32_tensor(2, buf, base, 4 * u64::from(n), n);
+    let mut sum = f32_tensor(3, buf, base, 8 * u64::from(n), n);
+    sum.op = 2;
+    sum.src[0] = 1;
+    sum.src[1] = 2;
+    transfer_rpc::protocol::GraphPayload {
+        device: 0,
+        nodes: vec![3],
+        tensors: vec![a, b, sum],
+    }
+}
