@@ -15,8 +15,9 @@
 //! # Ok::<(), transfer_core::TransferError>(())
 //! ```
 //!
-//! [`LibfabricDomain`] implements [`transfer_core::Domain`]; [`raw`] is a
-//! pure-libfabric write loop for benchmark baselines.
+//! [`LibfabricDomain`] implements [`transfer_core::Domain`]; benchmark
+//! baselines run `transfer_core::rawloop` on it (one raw loop for every
+//! backend and every user).
 //!
 //! Layout, one concern per file; the files shared with transfer-verbs
 //! carry the same names: `config` ([`LibfabricConfig`]), `devinfo`
@@ -46,7 +47,6 @@ mod ops;
 mod peer;
 mod provider;
 mod queue;
-pub mod raw;
 mod sys;
 
 pub use address::MAX_RAW_ADDRESS;

@@ -365,7 +365,6 @@ impl LibfabricDomain {
                     });
                 }
             }
-            Some(SlotKind::Raw) => {}
         }
         self.last_completion = Instant::now();
     }
@@ -419,15 +418,13 @@ impl LibfabricDomain {
                 let _ = self.connection_error(peer, e, &message, "fi_send");
                 self.finish(op, Err(error("fi_send")), true);
             }
-            Some(SlotKind::Recv(r)) => {
-                // The trait has no receive-failure event: a failed receive
-                // (e.g. truncation) loses that message, and the buffer goes
-                // back into service. Cancelled receives are not reposted.
-                if e.err != libc::ECANCELED {
-                    self.recv_queue.push_back(r);
-                }
+            // The trait has no receive-failure event: a failed receive
+            // (e.g. truncation) loses that message, and the buffer goes
+            // back into service. Cancelled receives are not reposted.
+            Some(SlotKind::Recv(r)) if e.err != libc::ECANCELED => {
+                self.recv_queue.push_back(r);
             }
-            Some(SlotKind::Raw) | None => {}
+            Some(SlotKind::Recv(_)) | None => {}
         }
         self.last_completion = Instant::now();
     }
@@ -449,7 +446,7 @@ impl LibfabricDomain {
                     Some((e, msg)) => self.on_error(&e, msg),
                     None => break,
                 },
-                CqRead::Failed(_) => break,
+                CqRead::Failed => break,
             }
         }
         self.cq_buf = buf;
