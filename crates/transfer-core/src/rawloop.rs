@@ -215,6 +215,7 @@ fn writes<D: Domain>(
 ///
 /// A blocked sink notices `stop` within 10 ms.
 pub fn drive_sink<D: Domain>(domain: &mut D, policy: IdlePolicy, stop: &Arc<AtomicBool>) {
+    let busy = policy.spin == Duration::MAX;
     let mut idle = IdleState::new(policy);
     let mut events = Vec::new();
     while !stop.load(Ordering::Acquire) {
@@ -225,7 +226,11 @@ pub fn drive_sink<D: Domain>(domain: &mut D, policy: IdlePolicy, stop: &Arc<Atom
             continue;
         }
         let Some(sleep) = idle.idle_at(Instant::now(), !domain.has_pending()) else {
-            std::thread::yield_now();
+            // As the engine's targets spin: a worker yields (see
+            // `Worker::run`), a caller-driven target polls without pause.
+            if !busy {
+                std::thread::yield_now();
+            }
             continue;
         };
         match domain.wait_fd() {
