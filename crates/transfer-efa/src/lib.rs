@@ -39,6 +39,7 @@ mod context;
 mod cq;
 mod devinfo;
 mod domain;
+mod doorbell;
 mod endpoint;
 mod fabric;
 mod library;

@@ -80,11 +80,25 @@ impl LibfabricDomain {
             return Ok(());
         }
         self.slots.take(ctx);
+        if ret == -(sys::FI_EAGAIN as isize) {
+            self.ring(w.peer);
+        }
         Err(self.post_error(CALL, ret))
     }
 
     fn count_posted(&mut self, peer: PeerId) {
         *self.posted_to.entry(peer).or_insert(0) += 1;
+        self.ring(peer);
+    }
+
+    /// Rings `peer`'s doorbell if it may be blocked (shm peers of this
+    /// crate): after a post, and after an EAGAIN (shm's first post to a new
+    /// peer waits for that peer to map our region, which only its progress
+    /// does).
+    fn ring(&mut self, peer: PeerId) {
+        if let Some(b) = self.peer_bells.get_mut(&peer) {
+            b.ring_if_asleep();
+        }
     }
 
     /// A posted operation to `peer` came back (completion or error).
@@ -151,6 +165,9 @@ impl LibfabricDomain {
         if ret == 0 {
             self.count_posted(peer);
             return Ok(());
+        }
+        if ret == -(sys::FI_EAGAIN as isize) {
+            self.ring(peer);
         }
         let err = self.post_error(CALL, ret);
         let data = match self.slots.take(ctx) {
