@@ -121,3 +121,77 @@ fn a_sleeping_shm_worker_is_rung_awake() {
     );
     assert_eq!(b.idle_stats()[0].1, 0, "the worker never parked");
 }
+
+/// Thread-mode engines over shm with and without the doorbell
+/// (`LibfabricConfig::wait_fd`), interleaved: 8 B write latency to an idle
+/// target, and write bandwidth with 16 writes in flight.
+#[test]
+#[ignore = "measurement; run with --ignored --nocapture"]
+fn measure_doorbell_on_and_off() {
+    use transfer_core::Pending;
+    use transfer_efa::LibfabricConfig;
+    let pair = |bell: bool| {
+        let cfg = LibfabricConfig {
+            wait_fd: bell,
+            ..LibfabricConfig::loopback(Provider::Shm)
+        };
+        let open = || {
+            TransferEngine::builder()
+                .group(common::open_with(cfg.clone(), 1).unwrap())
+                .build()
+                .unwrap()
+        };
+        (open(), open())
+    };
+    const LEN: usize = 16 << 20;
+    for round in 0..3 {
+        for bell in [false, true] {
+            let (a, b) = pair(bell);
+            let src = a.alloc_host(LEN, 0).unwrap();
+            let dst = b.alloc_host(LEN, 0).unwrap();
+            let peer = a.peer(b.address()).unwrap();
+            let t = a.remote(&peer, dst.remote().clone()).unwrap();
+            let req = |len: usize| WriteRequest {
+                src: &src,
+                src_offset: 0,
+                dst: &t,
+                dst_offset: 0,
+                len: len as u64,
+                imm: None,
+            };
+            a.write(req(8)).unwrap().wait_timeout(WAKE).unwrap();
+            let mut lat = Vec::new();
+            for _ in 0..50 {
+                // An idle target: past the spin window.
+                std::thread::sleep(Duration::from_millis(2));
+                let t0 = Instant::now();
+                a.write(req(8)).unwrap().wait_timeout(WAKE).unwrap();
+                lat.push(t0.elapsed());
+            }
+            lat.sort();
+            let mut line = format!(
+                "round {round} doorbell {bell}: 8 B to an idle target p50 {:?}",
+                lat[lat.len() / 2]
+            );
+            for size in [64 << 10, 1 << 20, 16 << 20] {
+                let count = ((256usize << 20) / size).clamp(16, 4096);
+                let t0 = Instant::now();
+                let mut q: std::collections::VecDeque<Pending> = Default::default();
+                for _ in 0..count {
+                    if q.len() >= 16 {
+                        q.pop_front().unwrap().wait_timeout(WAKE).unwrap();
+                    }
+                    q.push_back(a.write(req(size)).unwrap());
+                }
+                for p in q {
+                    p.wait_timeout(WAKE).unwrap();
+                }
+                let gbs = (size * count) as f64 / t0.elapsed().as_secs_f64() / 1e9;
+                line += &format!(", {} KiB {gbs:.2} GB/s", size >> 10);
+            }
+            std::thread::sleep(Duration::from_millis(500));
+            let cpu = b.idle_stats()[0];
+            eprintln!("{line}; target blocked/parked {cpu:?}");
+        }
+    }
+}

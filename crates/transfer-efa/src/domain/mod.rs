@@ -303,7 +303,9 @@ impl LibfabricDomain {
             remove_stale_shm_files();
             // Without a doorbell (files refused, /dev/shm full) the worker
             // parks on timers as before: slower to wake, still correct.
-            bell = Doorbell::create(&name).ok();
+            if config.wait_fd {
+                bell = Doorbell::create(&name).ok();
+            }
             shm_name = Some(name);
         }
         let lib = info.library().clone();
