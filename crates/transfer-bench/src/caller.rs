@@ -177,7 +177,9 @@ pub fn caller_latency(d: &mut Driver, plan: &Plan, pb: &ProgressBar) -> Result<V
 fn measure(d: &mut Driver, side: &CallerDriver, plan: &Plan, pb: &ProgressBar) -> Result<Vec<Row>> {
     pb.set_message("latency, caller-driven progress");
     // Baselines first: the server's session thread is busy during the phase.
-    let raw8 = d.raw_point("write_lat", 8, plan.lat_iters, 1, None)?;
+    // The raw sink polls without pause, as the server's caller-driven
+    // engine does during the phase.
+    let raw8 = d.raw_point("write_lat", 8, plan.lat_iters, 1, None, true)?;
     let pp0 = crate::sweeps::fi_pingpong(d, 1, plan.pingpong_iters);
     let pp64 = crate::sweeps::fi_pingpong(d, 64, plan.pingpong_iters);
     let (imm, reply, stop) = (d.imm(), d.imm(), d.imm());

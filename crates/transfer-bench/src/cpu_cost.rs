@@ -89,15 +89,14 @@ fn point(d: &mut Driver, p: &Point) -> Result<Row> {
         d.verify_prefix("cpu_per_op", p.size)?;
         engine.push(per_op_us(c1.saturating_sub(c0), p.count));
 
-        let mut setup = d.raw_setup()?;
+        let mut setup = d.raw_setup(false)?;
         let r0 = both_sides(d)?;
-        let run = crate::baseline::rawloop::run(
-            &mut setup.path(&src),
-            p.size as usize,
-            p.count,
-            p.window,
+        let params = transfer_core::rawloop::RawParams {
             imm,
-        );
+            limit: crate::backend::GUARD,
+            ..transfer_core::rawloop::RawParams::new(p.size as usize, p.count, p.window)
+        };
+        let run = transfer_core::rawloop::run(&mut setup.path(&src), &params, || {});
         let r1 = both_sides(d);
         d.raw_finish(setup, "cpu_per_op", if run.is_ok() { p.size } else { 0 })?;
         run?;

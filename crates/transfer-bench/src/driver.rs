@@ -9,10 +9,10 @@ use transfer::AnyDomain;
 use transfer_core::{
     Domain, EngineAddress, LocalRegion, MemoryLocation, MemorySpan, PeerId, RemoteRegion,
     RemoteTarget, TransferEngine,
+    rawloop::{RawParams, RawPath, RawRun},
 };
 
-use crate::backend::BackendOpts;
-use crate::baseline::rawloop::RawPath;
+use crate::backend::{BackendOpts, GUARD};
 use crate::caller::{CallerDriver, CallerSide};
 use crate::error::{BenchError, Result, io, protocol};
 use crate::plan::Plan;
@@ -248,15 +248,17 @@ impl Driver {
         }
     }
 
-    /// Starts a raw sink on server 0 and opens a bare local domain to it.
-    pub fn raw_setup(&mut self) -> Result<RawSetup> {
+    /// Starts a raw sink on server 0 (`busy`: polled without pause, else
+    /// driven like an engine's worker) and opens a bare local domain to it.
+    pub fn raw_setup(&mut self, busy: bool) -> Result<RawSetup> {
         let len = self.src.len() as u64;
         let chan = &mut self
             .servers
             .get_mut(0)
             .ok_or_else(|| protocol("raw", "no server"))?
             .chan;
-        let Response::RawSink { nic, base, key } = chan.call(&Request::RawStart { len })? else {
+        let Response::RawSink { nic, base, key } = chan.call(&Request::RawStart { len, busy })?
+        else {
             return Err(protocol("raw", "unexpected answer to RawStart"));
         };
         let mut domain = self.opts.bare_domain()?;
@@ -307,9 +309,12 @@ impl Driver {
 }
 
 impl Driver {
-    /// One raw-baseline point: a fresh sink on server 0 (so no busy sink
-    /// thread competes with the engine's measurements), `count` writes of
-    /// `size` bytes with `window` in flight, then the sink's data verified.
+    /// One raw-baseline point: a fresh sink on server 0 (so no sink
+    /// thread competes with the engine's measurements), driven as the
+    /// engine's target of the same row is (`busy`: the caller-progress
+    /// rows), one untimed warm-up write (a fresh domain's first write sets
+    /// up its connection), `count` timed writes of `size` bytes with
+    /// `window` in flight, then the sink's data verified.
     pub fn raw_point(
         &mut self,
         sweep: &str,
@@ -317,18 +322,24 @@ impl Driver {
         count: usize,
         window: usize,
         imm: Option<u32>,
-    ) -> Result<crate::baseline::rawloop::RawRun> {
-        let mut raw = self.raw_setup()?;
+        busy: bool,
+    ) -> Result<RawRun> {
+        let mut raw = self.raw_setup(busy)?;
         let src = self.src.clone();
-        let run = crate::baseline::rawloop::run(&mut raw.path(&src), size, count, window, imm);
+        let params = RawParams {
+            imm,
+            limit: GUARD,
+            ..RawParams::new(size, count, window)
+        };
+        let run = transfer_core::rawloop::run(&mut raw.path(&src), &params, || {});
         self.raw_finish(raw, sweep, if run.is_ok() { size as u64 } else { 0 })?;
-        run
+        Ok(run?)
     }
 }
 
 impl RawSetup {
-    /// The write path for [`crate::baseline::rawloop::run`].
-    pub fn path<'a>(&'a mut self, src: &LocalRegion) -> RawPath<'a> {
+    /// The write path for [`transfer_core::rawloop::run`].
+    pub fn path<'a>(&'a mut self, src: &LocalRegion) -> RawPath<'a, AnyDomain> {
         RawPath {
             domain: &mut self.domain,
             peer: self.peer,

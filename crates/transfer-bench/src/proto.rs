@@ -72,10 +72,13 @@ pub enum Request {
     /// The server process's CPU time so far (answer: [`Response::CpuTime`]).
     CpuTime,
     /// Opens a bare domain (no engine) with a region of `len` bytes for the
-    /// raw baseline and polls it until [`Request::RawStop`].
+    /// raw baseline and drives it until [`Request::RawStop`].
     RawStart {
         /// Region length.
         len: u64,
+        /// Poll without pause (the target of the caller-progress rows
+        /// does); otherwise sleep and wake as an engine's worker does.
+        busy: bool,
     },
     /// Stops the raw sink; answers with the checksum of its first `len` bytes.
     RawStop {

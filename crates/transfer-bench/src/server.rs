@@ -7,11 +7,11 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use transfer_core::{
-    Domain, DoneFlag, EngineAddress, HostBuffer, LocalRegion, MemoryLocation, MemorySpan, Notify,
-    Peer, RemoteRegion, RemoteTarget, TransferEngine, WriteRequest,
+    Domain, DoneFlag, EngineAddress, HostBuffer, IdlePolicy, LocalRegion, MemoryLocation,
+    MemorySpan, Notify, Peer, RemoteRegion, RemoteTarget, TransferEngine, WriteRequest,
 };
 
-use crate::backend::{BackendOpts, GUARD};
+use crate::backend::{BackendOpts, GUARD, idle_policy};
 use crate::caller::{self, CallerSide};
 use crate::error::{BenchError, Result, io, protocol};
 use crate::proto::{Channel, Request, Response};
@@ -183,11 +183,11 @@ fn session(
                 crate::cpu::process_cpu()
                     .map_or(0, |c| u64::try_from(c.as_nanos()).unwrap_or(u64::MAX)),
             ),
-            Request::RawStart { len } => {
+            Request::RawStart { len, busy } => {
                 if raw.is_some() {
                     return Err(protocol("raw", "raw sink already running"));
                 }
-                let (sink, resp) = raw_start(opts, len)?;
+                let (sink, resp) = raw_start(opts, len, busy)?;
                 raw = Some(sink);
                 resp
             }
@@ -290,7 +290,11 @@ pub fn wait_flag(flag: &DoneFlag, deadline: Instant) -> Result<()> {
     Ok(flag.result().unwrap_or(Ok(()))?)
 }
 
-fn raw_start(opts: &BackendOpts, len: u64) -> Result<(RawSink, Response)> {
+/// The raw baseline's sink: a bare domain driven as the engine's target is
+/// (`busy`: without pause, as in the caller-progress rows; otherwise with
+/// the engines' idle policy, sleeping on the domain's wait descriptor), so
+/// that the ratio to the engine is not a busy sink against a sleeping one.
+fn raw_start(opts: &BackendOpts, len: u64, busy: bool) -> Result<(RawSink, Response)> {
     let len = usize::try_from(len).map_err(|_| protocol("raw", "length"))?;
     let mut domain = opts.bare_domain()?;
     let buf = HostBuffer::new(len.max(1))?;
@@ -308,12 +312,12 @@ fn raw_start(opts: &BackendOpts, len: u64) -> Result<(RawSink, Response)> {
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
     let thread = std::thread::spawn(move || -> Result<Vec<u8>> {
-        let mut events = Vec::new();
-        // Manual-progress providers move data only while the target polls.
-        while !flag.load(Ordering::Acquire) {
-            events.clear();
-            domain.poll(&mut events);
-        }
+        let policy = if busy {
+            IdlePolicy::busy_poll()
+        } else {
+            idle_policy()
+        };
+        transfer_core::rawloop::drive_sink(&mut domain, policy, &flag);
         let mut out = vec![0u8; buf.len()];
         // SAFETY: the domain is idle (the driver stopped writing before
         // RawStop) and `buf` is live for this whole scope.

@@ -153,7 +153,7 @@ pub fn write_bandwidth(d: &mut Driver, plan: &Plan, pb: &ProgressBar) -> Result<
             let el = timed_writes(d, &t, plan.window, count, size, None)?;
             d.verify_prefix("write_bw", size)?;
             engine.push(bw(bytes, el));
-            let r = d.raw_point("write_bw", size as usize, count, plan.window, None)?;
+            let r = d.raw_point("write_bw", size as usize, count, plan.window, None, false)?;
             raw.push(bw(bytes, r.elapsed));
         }
         let row = Row::from_repeats(
@@ -203,7 +203,7 @@ pub fn write_latency(d: &mut Driver, plan: &Plan, pb: &ProgressBar) -> Result<Ve
             samples.push(t0.elapsed());
         }
         d.verify_prefix("write_lat", size)?;
-        let r = d.raw_point("write_lat", size as usize, plan.lat_iters, 1, None)?;
+        let r = d.raw_point("write_lat", size as usize, plan.lat_iters, 1, None, false)?;
         rows.push(
             Row::new(
                 "write_lat",
@@ -236,7 +236,14 @@ pub fn imm_rate(d: &mut Driver, plan: &Plan, pb: &ProgressBar) -> Result<Vec<Row
         d.remote_wait_imm(0, vec![0], imm, plan.imm_count as u64)?;
         d.verify_prefix("imm_rate", size)?;
         engine.push(rate(el));
-        let r = d.raw_point("imm_rate", size as usize, plan.imm_count, window, Some(imm))?;
+        let r = d.raw_point(
+            "imm_rate",
+            size as usize,
+            plan.imm_count,
+            window,
+            Some(imm),
+            false,
+        )?;
         raw.push(rate(r.elapsed));
     }
     pb.inc(1);
@@ -320,6 +327,7 @@ pub fn paged(d: &mut Driver, plan: &Plan, pb: &ProgressBar) -> Result<Vec<Row>> 
                 (pages as usize) * reps,
                 plan.window * 4,
                 None,
+                false,
             )?;
             raw.push(bw(bytes, r.elapsed));
         }

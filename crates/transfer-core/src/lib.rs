@@ -51,6 +51,7 @@ mod oneshot;
 pub mod peer;
 mod plan;
 pub mod progress;
+pub mod rawloop;
 mod recv_pool;
 pub mod region;
 pub mod request;

@@ -49,6 +49,7 @@ mod unordered_offsets {
         virt_addr: false,
         wait_fd: true,
         max_write_size: u64::MAX,
+        ..TestFabricConfig::default()
     })));
 }
 
@@ -61,6 +62,7 @@ mod in_order_virt_addr {
         virt_addr: true,
         wait_fd: false,
         max_write_size: u64::MAX,
+        ..TestFabricConfig::default()
     })));
 }
 
@@ -73,6 +75,7 @@ mod unordered_small_max_write {
         virt_addr: false,
         wait_fd: true,
         max_write_size: 3 * 4096 + 5,
+        ..TestFabricConfig::default()
     })));
 }
 
@@ -85,6 +88,7 @@ mod in_order_small_max_write {
         virt_addr: true,
         wait_fd: false,
         max_write_size: 3 * 4096 + 5,
+        ..TestFabricConfig::default()
     })));
 }
 
@@ -98,6 +102,7 @@ mod caller_driven_unordered {
             virt_addr: false,
             wait_fd: true,
             max_write_size: 3 * 4096 + 5,
+            ..TestFabricConfig::default()
         },
         ProgressMode::Caller
     )));

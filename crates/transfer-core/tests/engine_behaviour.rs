@@ -214,6 +214,7 @@ fn immediates_counted_under_random_orders() {
             virt_addr: seed % 2 == 0,
             wait_fd: seed % 3 != 0,
             max_write_size: u64::MAX,
+            ..TestFabricConfig::default()
         };
         let (_f, a, b) = pair(config, 1 + (seed as usize % 3), 64);
         let len = 1u64 << 20;

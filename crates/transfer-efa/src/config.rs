@@ -64,7 +64,9 @@ pub struct LibfabricConfig {
     /// Open the CQ with an FI_WAIT_FD wait object, so that an idle worker
     /// blocks on it ([`transfer_core::Domain::wait_fd`]) instead of
     /// parking on a timer; falls back to no wait object where the provider
-    /// has none.
+    /// has none. On shm (whose CQ has none) the wait object is this crate's
+    /// same-host doorbell (`doorbell.rs`): `false` leaves it out, and idle
+    /// workers park on timers as before it existed.
     pub wait_fd: bool,
 }
 

@@ -51,8 +51,6 @@ pub(crate) enum SlotKind {
     },
     /// A posted receive buffer.
     Recv(PendingRecv),
-    /// A raw-benchmark write.
-    Raw,
 }
 
 /// One operation context.

@@ -18,8 +18,8 @@ pub(crate) enum CqRead {
     Empty,
     /// An error entry is waiting: read it with [`CompletionQueue::read_error`].
     ErrorAvailable,
-    /// The read itself failed with this negative code.
-    Failed(isize),
+    /// The read itself failed (a negative code other than EAGAIN).
+    Failed,
 }
 
 /// A completion queue, closed on drop.
@@ -103,7 +103,7 @@ impl CompletionQueue {
             0 => CqRead::Empty,
             n if n == -(sys::FI_EAGAIN as isize) => CqRead::Empty,
             n if n == -(sys::FI_EAVAIL as isize) => CqRead::ErrorAvailable,
-            n => CqRead::Failed(n),
+            _ => CqRead::Failed,
         }
     }
 

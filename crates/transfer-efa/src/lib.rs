@@ -15,8 +15,9 @@
 //! # Ok::<(), transfer_core::TransferError>(())
 //! ```
 //!
-//! [`LibfabricDomain`] implements [`transfer_core::Domain`]; [`raw`] is a
-//! pure-libfabric write loop for benchmark baselines.
+//! [`LibfabricDomain`] implements [`transfer_core::Domain`]; benchmark
+//! baselines run `transfer_core::rawloop` on it (one raw loop for every
+//! backend and every user).
 //!
 //! Layout, one concern per file; the files shared with transfer-verbs
 //! carry the same names: `config` ([`LibfabricConfig`]), `devinfo`
@@ -38,6 +39,7 @@ mod context;
 mod cq;
 mod devinfo;
 mod domain;
+mod doorbell;
 mod endpoint;
 mod fabric;
 mod library;
@@ -46,7 +48,6 @@ mod ops;
 mod peer;
 mod provider;
 mod queue;
-pub mod raw;
 mod sys;
 
 pub use address::MAX_RAW_ADDRESS;

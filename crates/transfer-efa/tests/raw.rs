@@ -1,5 +1,6 @@
-//! The raw libfabric write loop (benchmark baseline), and an ignored
-//! measurement that prints raw vs. Domain-path bandwidth on loopback.
+//! The shared raw write loop (`transfer_core::rawloop`, the benchmarks'
+//! baseline) on libfabric domains, and ignored measurements that print its
+//! bandwidth on loopback.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -7,25 +8,54 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{Buf, Seen, drive, open};
-use transfer_core::{Domain, OpToken};
-use transfer_efa::raw::{RawParams, write_bandwidth};
+use transfer_core::rawloop::{RawParams, RawPath, RawRun, run};
+use transfer_core::{Domain, DomainEvent, OpToken};
 use transfer_efa::{LibfabricDomain, Provider};
+
+/// The raw loop from `a` into a fresh buffer on `b`, `b` polled in the
+/// same thread (manual-progress providers move data only while it polls).
+fn raw(a: &mut LibfabricDomain, b: &mut LibfabricDomain, params: &RawParams) -> (RawRun, Vec<u8>) {
+    let src = Buf::new(a, params.size, |i| (i as u8) ^ 0x5A);
+    let dst = Buf::new(b, params.size, |_| 0);
+    let peer = a.resolve_peer(&b.address()).unwrap();
+    let mut path = RawPath {
+        domain: &mut *a,
+        peer,
+        mr: src.mr,
+        src: src.mem.as_ptr(),
+        base: dst.remote.base,
+        key: dst.remote.key.0,
+    };
+    let mut sink: Vec<DomainEvent> = Vec::new();
+    let r = run(&mut path, params, || {
+        sink.clear();
+        b.poll(&mut sink);
+    })
+    .unwrap();
+    (r, dst.mem.clone())
+}
 
 fn small_loop(p: Provider) {
     let Some(mut d) = open(p, 2) else { return };
     let (a, b) = d.split_at_mut(1);
-    for imm in [false, true] {
-        let params = RawParams {
-            size: 64 << 10,
-            count: 64,
-            window: 8,
-            imm,
-            limit: Duration::from_secs(60),
-        };
-        let r = write_bandwidth(&mut a[0], &mut b[0], &params).unwrap();
-        assert_eq!(r.writes, 64);
-        assert_eq!(r.bytes, 64 * (64 << 10));
-        assert!(r.bytes_per_sec > 0.0);
+    for imm in [None, Some(0x5eed)] {
+        for window in [1, 8] {
+            let params = RawParams {
+                imm,
+                limit: Duration::from_secs(60),
+                ..RawParams::new(64 << 10, 64, window)
+            };
+            let (r, landed) = raw(&mut a[0], &mut b[0], &params);
+            assert_eq!(r.bytes, 64 * (64 << 10));
+            assert_eq!(r.samples.len(), if window == 1 { 64 } else { 0 });
+            assert!(r.bytes_per_sec() > 0.0);
+            assert!(
+                landed
+                    .iter()
+                    .enumerate()
+                    .all(|(i, &v)| v == (i as u8) ^ 0x5A)
+            );
+        }
     }
     assert!(!a[0].has_pending() && !b[0].has_pending());
 }
@@ -40,39 +70,6 @@ fn raw_loop_shm() {
     small_loop(Provider::Shm)
 }
 
-/// Writes `count` writes of `size` bytes through the Domain trait, one
-/// submit per write, `window` submits in flight; returns bytes/s.
-fn domain_path(
-    a: &mut LibfabricDomain,
-    b: &mut LibfabricDomain,
-    size: usize,
-    count: usize,
-    window: usize,
-) -> f64 {
-    let src = Buf::new(a, size, |i| i as u8);
-    let dst = Buf::new(b, size, |_| 0);
-    let peer = a.resolve_peer(&b.address()).unwrap();
-    let mut seen = Seen::default();
-    let start = Instant::now();
-    let mut submitted = 0usize;
-    while seen.completed.len() < count {
-        while submitted < count && submitted - seen.completed.len() < window {
-            a.submit_writes(
-                OpToken(submitted as u64),
-                &[src.write_to(0, size, peer, &dst, 0, None)],
-            );
-            submitted += 1;
-        }
-        let before = seen.completed.len();
-        drive(&mut [&mut *a, &mut *b], &mut seen, |s| {
-            s.completed.len() > before
-        });
-    }
-    let elapsed = start.elapsed();
-    assert!(seen.completed.iter().all(|(_, r)| r.is_ok()));
-    (size * count) as f64 / elapsed.as_secs_f64()
-}
-
 #[test]
 #[ignore = "measurement; run with --ignored --nocapture"]
 fn measure_4mib() {
@@ -83,18 +80,13 @@ fn measure_4mib() {
         let (a, b) = d.split_at_mut(1);
         for window in [1usize, 4, 16] {
             let params = RawParams {
-                size: 4 << 20,
-                count: 128,
-                window,
-                imm: false,
                 limit: Duration::from_secs(300),
+                ..RawParams::new(4 << 20, 128, window)
             };
-            let raw = write_bandwidth(&mut a[0], &mut b[0], &params).unwrap();
-            let eng = domain_path(&mut a[0], &mut b[0], 4 << 20, 128, window);
+            let (r, _) = raw(&mut a[0], &mut b[0], &params);
             eprintln!(
-                "{p}: 4 MiB writes, window {window}: raw {:.2} GB/s, Domain path {:.2} GB/s (delivery-complete: {})",
-                raw.bytes_per_sec / 1e9,
-                eng / 1e9,
+                "{p}: 4 MiB writes, window {window}: raw loop {:.2} GB/s (delivery-complete: {})",
+                r.bytes_per_sec() / 1e9,
                 a[0].reports_remote_errors()
             );
         }

@@ -3,4 +3,3 @@
 pub mod memcpy;
 pub mod perftest;
 pub mod pingpong;
-pub mod rawloop;

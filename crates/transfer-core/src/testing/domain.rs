@@ -290,6 +290,10 @@ impl Domain for TestDomain {
     }
 
     fn submit_writes(&mut self, op: OpToken, writes: &[WriteOp]) {
+        let delay = self.fabric.lock().config.submit_delay;
+        if !delay.is_zero() {
+            std::thread::sleep(delay);
+        }
         if writes.is_empty() {
             self.ready
                 .push(DomainEvent::Completed { op, result: Ok(()) });

@@ -32,6 +32,9 @@ pub struct TestFabricConfig {
     /// Largest write a NIC accepts ([`crate::DomainInfo::max_write_size`]);
     /// longer ones fail as libfabric fails them, so the engine must split.
     pub max_write_size: u64,
+    /// Every submit call sleeps this long (a provider that moves data
+    /// inside the call): checks that a baseline's clock covers the call.
+    pub submit_delay: std::time::Duration,
 }
 
 impl Default for TestFabricConfig {
@@ -43,6 +46,7 @@ impl Default for TestFabricConfig {
             virt_addr: true,
             wait_fd: true,
             max_write_size: u64::MAX,
+            submit_delay: std::time::Duration::ZERO,
         }
     }
 }

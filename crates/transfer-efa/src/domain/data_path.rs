@@ -82,11 +82,25 @@ impl LibfabricDomain {
             return Ok(());
         }
         self.slots.take(ctx);
+        if ret == -(sys::FI_EAGAIN as isize) {
+            self.ring(w.peer);
+        }
         Err(self.post_error(CALL, ret))
     }
 
     fn count_posted(&mut self, peer: PeerId) {
         *self.posted_to.entry(peer).or_insert(0) += 1;
+        self.ring(peer);
+    }
+
+    /// Rings `peer`'s doorbell if it may be blocked (shm peers of this
+    /// crate): after a post, and after an EAGAIN (shm's first post to a new
+    /// peer waits for that peer to map our region, which only its progress
+    /// does).
+    fn ring(&mut self, peer: PeerId) {
+        if let Some(b) = self.peer_bells.get_mut(&peer) {
+            b.ring_if_asleep();
+        }
     }
 
     /// A posted operation to `peer` came back (completion or error).
@@ -153,6 +167,9 @@ impl LibfabricDomain {
         if ret == 0 {
             self.count_posted(peer);
             return Ok(());
+        }
+        if ret == -(sys::FI_EAGAIN as isize) {
+            self.ring(peer);
         }
         let err = self.post_error(CALL, ret);
         let data = match self.slots.take(ctx) {
@@ -367,7 +384,6 @@ impl LibfabricDomain {
                     });
                 }
             }
-            Some(SlotKind::Raw) => {}
         }
         self.last_completion = Instant::now();
     }
@@ -421,15 +437,13 @@ impl LibfabricDomain {
                 let _ = self.connection_error(peer, e, &message, "fi_send");
                 self.finish(op, Err(error("fi_send")), true);
             }
-            Some(SlotKind::Recv(r)) => {
-                // The trait has no receive-failure event: a failed receive
-                // (e.g. truncation) loses that message, and the buffer goes
-                // back into service. Cancelled receives are not reposted.
-                if e.err != libc::ECANCELED {
-                    self.recv_queue.push_back(r);
-                }
+            // The trait has no receive-failure event: a failed receive
+            // (e.g. truncation) loses that message, and the buffer goes
+            // back into service. Cancelled receives are not reposted.
+            Some(SlotKind::Recv(r)) if e.err != libc::ECANCELED => {
+                self.recv_queue.push_back(r);
             }
-            Some(SlotKind::Raw) | None => {}
+            Some(SlotKind::Recv(_)) | None => {}
         }
         self.last_completion = Instant::now();
     }
@@ -451,7 +465,7 @@ impl LibfabricDomain {
                     Some((e, msg)) => self.on_error(&e, msg),
                     None => break,
                 },
-                CqRead::Failed(_) => break,
+                CqRead::Failed => break,
             }
         }
         self.cq_buf = buf;

@@ -36,6 +36,7 @@ use crate::config::LibfabricConfig;
 use crate::context::{SlotKind, SlotPool};
 use crate::cq::CompletionQueue;
 use crate::devinfo::{self, OwnedInfo};
+use crate::doorbell::{Doorbell, PeerBell};
 use crate::endpoint::Endpoint;
 use crate::fabric::{Fabric, FiDomain};
 use crate::library::Library;
@@ -96,6 +97,12 @@ pub struct LibfabricDomain {
     /// The shm endpoint's name (`trx<pid>-<random>-<n>`), whose shared
     /// memory files are removed when the domain is dropped.
     pub(crate) shm_name: Option<String>,
+    /// This shm domain's doorbell (see [`crate::doorbell`]): what its
+    /// worker blocks on, and the sleep counter peers read.
+    pub(crate) bell: Option<Doorbell>,
+    /// Doorbells of shm peers of this crate, rung after posting to them
+    /// while they may be blocked.
+    pub(crate) peer_bells: HashMap<transfer_core::PeerId, PeerBell>,
     /// The endpoint: receives always, writes and sends until shm wedges it
     /// (see `connection::replace_tx`).
     pub(crate) ep: Endpoint,
@@ -304,6 +311,7 @@ pub fn open_loopback_domains(config: &LibfabricConfig, n: usize) -> Result<Vec<L
 impl LibfabricDomain {
     pub(crate) fn open(mut info: OwnedInfo, config: &LibfabricConfig) -> Result<Self> {
         let mut shm_name = None;
+        let mut bell = None;
         if info.provider_name() == "shm" && info.addr_format() == sys::FI_ADDR_STR {
             // shm derives the endpoint's name from the source address plus
             // a counter it restarts, which collides with the endpoints our
@@ -317,6 +325,11 @@ impl LibfabricDomain {
             let name = format!("trx{}-{salt:08x}-{n}", std::process::id());
             info.set_src_addr_str(&format!("fi_shm://{name}"))?;
             remove_stale_shm_files();
+            // Without a doorbell (files refused, /dev/shm full) the worker
+            // parks on timers as before: slower to wake, still correct.
+            if config.wait_fd {
+                bell = Doorbell::create(&name).ok();
+            }
             shm_name = Some(name);
         }
         let lib = info.library().clone();
@@ -374,6 +387,8 @@ impl LibfabricDomain {
                 0
             },
             shm_name,
+            bell,
+            peer_bells: HashMap::new(),
             tx: None,
             wedged: Vec::new(),
             abandoned: Vec::new(),
@@ -461,6 +476,52 @@ impl LibfabricDomain {
     /// Number of submit calls in flight.
     pub fn ops_in_flight(&self) -> usize {
         self.ops.len()
+    }
+
+    /// Rings the doorbell of every peer with work posted to it that may be
+    /// blocked: shm moves a write only while its target polls, so a sender
+    /// waiting for a completion (a large write's later segments come from
+    /// the provider's progress, not from a post) wakes a target that went
+    /// to sleep meanwhile. One load per such peer while it is awake.
+    pub(crate) fn ring_sleeping_peers(&mut self) {
+        if self.peer_bells.is_empty() {
+            return;
+        }
+        for peer in self.posted_to.keys() {
+            if let Some(b) = self.peer_bells.get_mut(peer) {
+                b.ring_if_asleep();
+            }
+        }
+    }
+
+    /// [`Domain::prepare_wait`] of an shm domain with a doorbell: refuses
+    /// while work is queued or a peer rang since the last sleep (traffic is
+    /// flowing: spin on), else tells peers it may block and polls its CQ
+    /// once more (a write posted before they could see that is processed
+    /// here; one posted after makes its sender ring).
+    fn prepare_doorbell_wait(&mut self) -> bool {
+        let Some(bell) = &self.bell else {
+            return false;
+        };
+        if !(self.ready.is_empty()
+            && self.queue.is_empty()
+            && self.retries.is_empty()
+            && self.recv_queue.is_empty())
+        {
+            return false;
+        }
+        if bell.drain() {
+            return false;
+        }
+        bell.going_to_sleep();
+        self.read_cq();
+        if self.ready.is_empty() {
+            return true;
+        }
+        if let Some(b) = &self.bell {
+            b.awake();
+        }
+        false
     }
 }
 
@@ -562,11 +623,22 @@ impl Domain for LibfabricDomain {
         if let Some(id) = self.peers.cached(raw) {
             return Ok(id);
         }
+        // An shm peer of this crate: its doorbell, or a refusal when the
+        // files its address names are not one.
+        let bell = match (&self.shm_name, crate::doorbell::name_of_raw(raw)) {
+            (Some(_), Some(name)) => PeerBell::open(name)?,
+            _ => None,
+        };
         let fi_addr = self.av.insert(raw)?;
-        Ok(self.peers.add(raw, fi_addr))
+        let id = self.peers.add(raw, fi_addr);
+        if let Some(b) = bell {
+            self.peer_bells.insert(id, b);
+        }
+        Ok(id)
     }
 
     fn remove_peer(&mut self, peer: PeerId) {
+        self.peer_bells.remove(&peer);
         if let Some(fi_addr) = self.peers.remove(peer) {
             // A failed removal leaves a stale AV entry nobody refers to.
             let _ = self.av.remove(fi_addr);
@@ -648,17 +720,24 @@ impl Domain for LibfabricDomain {
     }
 
     fn poll(&mut self, events: &mut Vec<DomainEvent>) {
+        if let Some(b) = &self.bell {
+            b.awake();
+        }
         self.read_cq();
         self.drain_queue(self.config.post_batch.max(1));
         self.check_timeouts();
+        self.ring_sleeping_peers();
         events.append(&mut self.ready);
     }
 
     fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
-        self.cq.wait_fd
+        self.cq.wait_fd.or(self.bell.as_ref().map(Doorbell::fd))
     }
 
     fn prepare_wait(&mut self) -> bool {
+        if self.cq.wait_fd.is_none() && self.bell.is_some() {
+            return self.prepare_doorbell_wait();
+        }
         // fi_trywait only on a CQ with a wait object (1.17 shm crashes in
         // fi_trywait on one without).
         self.cq.wait_fd.is_some()
