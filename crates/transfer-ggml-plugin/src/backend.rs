@@ -820,6 +820,15 @@ unsafe fn buf_ctx<'a>(buf: BufT) -> Option<&'a BufCtx> {
     }
 }
 
+/// The connection of a buffer, when it is one of ours.
+///
+/// # Safety
+/// `buf` must be NULL or a live host buffer.
+unsafe fn buffer_conn(buf: BufT) -> Option<Arc<Conn>> {
+    // SAFETY: the caller's contract.
+    unsafe { buf_ctx(buf) }.map(|c| c.conn.clone())
+}
+
 /// The connection and remote handle of a buffer, when it is one of ours.
 ///
 /// # Safety
@@ -995,16 +1004,31 @@ unsafe extern "C" fn buf_cpy_tensor(
         }) else {
             return false;
         };
-        if !std::ptr::eq(sc, &*dc.conn) {
-            // Two servers: not in this stage of the plugin; ggml falls back
-            // to GET_TENSOR + SET_TENSOR through the host.
+        let same = std::ptr::eq(sc, &*dc.conn);
+        if !same && !direct_allowed(sc, &dc.conn) {
+            // ggml falls back to GET_TENSOR + SET_TENSOR through the host.
             return false;
         }
         // SAFETY: live tensors.
         let res = unsafe { serialize::tensor(h, src, None) }.and_then(|s| {
             // SAFETY: as above.
             let d = unsafe { serialize::tensor(h, dst, None) }?;
-            dc.conn.call("COPY_TENSOR", |c| c.copy_tensor(&s, &d))
+            if same {
+                return dc.conn.call("COPY_TENSOR", |c| c.copy_tensor(&s, &d));
+            }
+            // SAFETY: a live tensor.
+            let size = unsafe { h.nbytes(src) } as u64;
+            // The destination's earlier commands must have run on its
+            // server before the source's server writes there (the write
+            // arrives over another connection).
+            dc.conn.call("PEER_BARRIER", |c| c.peer_barrier())?;
+            let ok = sc.call("COPY_TENSOR_TO", |c| {
+                c.copy_tensor_to(&s, &d, size, dc.conn.endpoint())
+            })?;
+            if !ok {
+                give_up_direct(sc, &dc.conn, "it answered 0 to COPY_TENSOR_TO");
+            }
+            Ok(ok)
         });
         match res {
             Ok(ok) => ok,
@@ -1041,7 +1065,7 @@ fn backend_i() -> BackendI {
         get_tensor_async: Some(be_get_tensor_async),
         set_tensor_2d_async: None,
         get_tensor_2d_async: None,
-        cpy_tensor_async: None,
+        cpy_tensor_async: Some(be_cpy_tensor_async),
         synchronize: Some(be_synchronize),
         graph_plan_create: None,
         graph_plan_free: None,
@@ -1238,6 +1262,154 @@ unsafe extern "C" fn be_event_wait(b: BackendT, ev: EventT) {
         if let Some(d) = d {
             if let Err(err) = ctx.conn.wait_for(d) {
                 log_err("event_wait", &err);
+            }
+        }
+    })
+}
+
+// ------------------------------------------------------- stage boundaries
+
+/// Pairs (source, destination) whose direct copy failed once: their
+/// boundaries go through the host from then on (logged once per pair).
+static HUB_PAIRS: Mutex<Vec<(String, String)>> = Mutex::new(Vec::new());
+
+/// True when a boundary from `src` to `dst` may go server to server.
+fn direct_allowed(src: &Conn, dst: &Conn) -> bool {
+    if !src.can_copy_to(dst) {
+        let why = "a server does not serve the transfer-rpc extension (stock rpc-server?) or TRANSFER_RPC_P2P=0";
+        note_hub(src, dst, why);
+        return false;
+    }
+    let pairs = HUB_PAIRS.lock().unwrap_or_else(|p| p.into_inner());
+    !pairs
+        .iter()
+        .any(|(s, d)| s == src.endpoint() && d == dst.endpoint())
+}
+
+/// Logs once per pair that its boundaries go through the host.
+fn note_hub(src: &Conn, dst: &Conn, why: &str) {
+    let mut pairs = HUB_PAIRS.lock().unwrap_or_else(|p| p.into_inner());
+    if pairs
+        .iter()
+        .any(|(s, d)| s == src.endpoint() && d == dst.endpoint())
+    {
+        return;
+    }
+    pairs.push((src.endpoint().to_owned(), dst.endpoint().to_owned()));
+    drop(pairs);
+    host::log(
+        LOG_WARN,
+        &format!(
+            "{} -> {}: boundary copies go through this process (GET_TENSOR + SET_TENSOR): {why}",
+            src.endpoint(),
+            dst.endpoint()
+        ),
+    );
+}
+
+/// Gives the direct path of a pair up after a failed copy.
+fn give_up_direct(src: &Conn, dst: &Conn, why: &str) {
+    note_hub(src, dst, why);
+}
+
+/// Sets its flag when dropped: a waiter is released whatever path the job
+/// takes (success, fallback, error).
+struct SetOnDrop(Arc<Done>);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.0.set();
+    }
+}
+
+/// `cpy_tensor_async`, between two of our servers: the destination's
+/// stream first proves its earlier commands ran (PEER_BARRIER answered),
+/// the source's stream then sends COPY_TENSOR_TO after its graph (its
+/// server writes the boundary into the destination's buffer and answers
+/// once that write landed), and the destination's stream waits for that
+/// answer before its next command. No activation byte passes this process.
+/// A refused copy (peer unreachable) is redone through this process inside
+/// the same ordering and the pair uses the host path from then on.
+/// Anything not ours, or a stock server: false (ggml copies synchronously).
+unsafe extern "C" fn be_cpy_tensor_async(
+    _src_b: BackendT,
+    _dst_b: BackendT,
+    src: *const GgmlTensor,
+    dst: *mut GgmlTensor,
+) -> bool {
+    guard("be_cpy_tensor_async", false, || {
+        let Ok(h) = host::host() else { return false };
+        if src.is_null() || dst.is_null() {
+            return false;
+        }
+        // SAFETY: live host tensors; their buffers are NULL or live.
+        let (Some(sc), Some(dc)) = (unsafe { buffer_conn((*src).buffer) }, unsafe {
+            buffer_conn((*dst).buffer)
+        }) else {
+            return false;
+        };
+        let res = (|| -> Result<bool> {
+            // SAFETY: live tensors.
+            let s = unsafe { serialize::tensor(h, src, None) }?;
+            // SAFETY: as above.
+            let d = unsafe { serialize::tensor(h, dst, None) }?;
+            if Arc::ptr_eq(&sc, &dc) {
+                sc.post(Box::new(move |c, _| {
+                    if c.copy_tensor(&s, &d)? {
+                        Ok(())
+                    } else {
+                        Err(transfer_rpc::RpcError::RemoteFailure {
+                            call: "COPY_TENSOR",
+                        })
+                    }
+                }))?;
+                return Ok(true);
+            }
+            if !direct_allowed(&sc, &dc) {
+                return Ok(false);
+            }
+            // SAFETY: a live tensor.
+            let size = unsafe { h.nbytes(src) } as u64;
+            let barrier = Arc::new(Done::default());
+            let b = SetOnDrop(barrier.clone());
+            dc.post(Box::new(move |c, _| {
+                let _b = b;
+                if c.peer_barrier()? {
+                    Ok(())
+                } else {
+                    Err(transfer_rpc::RpcError::RemoteFailure {
+                        call: "PEER_BARRIER",
+                    })
+                }
+            }))?;
+            sc.wait_for(barrier)?;
+            let landed = Arc::new(Done::default());
+            let l = SetOnDrop(landed.clone());
+            let dc2 = dc.clone();
+            sc.post(Box::new(move |c, src_conn| {
+                let _l = l;
+                if c.copy_tensor_to(&s, &d, size, dc2.endpoint())? {
+                    return Ok(());
+                }
+                give_up_direct(
+                    src_conn,
+                    &dc2,
+                    "it answered 0 to COPY_TENSOR_TO (peer unreachable or not allowed)",
+                );
+                let data = c.get_tensor(&s, 0, size)?;
+                dc2.run_now(|dst_client| dst_client.set_tensor(&d, 0, &data))
+                    .map_err(|e| {
+                        transfer_rpc::RpcError::refused("boundary fallback", e.to_string())
+                    })
+            }))?;
+            dc.wait_for(landed)?;
+            Ok(true)
+        })();
+        match res {
+            Ok(v) => v,
+            Err(e) => {
+                log_err("cpy_tensor_async", &e);
+                false
             }
         }
     })

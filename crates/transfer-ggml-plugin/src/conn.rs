@@ -78,6 +78,12 @@ struct Queue {
 pub struct Conn {
     endpoint: String,
     timeout: Duration,
+    /// The server serves COPY_TENSOR_TO (it can be the source of a direct copy).
+    copy_to: bool,
+    /// The server serves PEER_BARRIER (it can be a destination).
+    peer_barrier: bool,
+    /// `TRANSFER_RPC_P2P` (default on): direct copies allowed.
+    p2p: bool,
     client: Mutex<Option<Client>>,
     queue: Mutex<Queue>,
     cv: Condvar,
@@ -109,6 +115,9 @@ impl Conn {
         let conn = Arc::new(Conn {
             endpoint: endpoint.to_owned(),
             timeout,
+            copy_to: client.supports_copy_to(),
+            peer_barrier: client.supports_peer_barrier(),
+            p2p: client.config().p2p,
             client: Mutex::new(Some(client)),
             queue: Mutex::new(Queue {
                 jobs: VecDeque::new(),
@@ -138,6 +147,12 @@ impl Conn {
     /// The answer deadline.
     pub fn timeout(&self) -> Duration {
         self.timeout
+    }
+
+    /// Can this server send a direct copy to `dst`? Both must serve the
+    /// extension (a stock server does not) and `TRANSFER_RPC_P2P` not be off.
+    pub fn can_copy_to(&self, dst: &Conn) -> bool {
+        self.p2p && self.copy_to && dst.peer_barrier
     }
 
     fn lock_queue(&self) -> MutexGuard<'_, Queue> {
