@@ -58,7 +58,11 @@ pub fn guard<R>(call: &str, fallback: R, f: impl FnOnce() -> R) -> R {
 }
 
 fn log_err(call: &str, e: &PluginError) {
-    host::log(LOG_ERROR, &format!("{call}: {e}"));
+    // A server's first failure was logged when it happened; the calls that
+    // fail fast after it would only repeat it.
+    if !matches!(e, PluginError::Failed { .. }) {
+        host::log(LOG_ERROR, &format!("{call}: {e}"));
+    }
 }
 
 // ---------------------------------------------------------------- registry

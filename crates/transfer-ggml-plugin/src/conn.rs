@@ -127,6 +127,7 @@ impl Conn {
             cv: Condvar::new(),
             worker: Mutex::new(None),
         });
+        pin_library();
         let weak = Arc::downgrade(&conn);
         let handle = std::thread::Builder::new()
             .name(format!("trpc-{endpoint}"))
@@ -306,6 +307,29 @@ impl Conn {
             }
         }
     }
+}
+
+/// Marks this library RTLD_NODELETE before its first thread starts: a host
+/// that unloads backends (ggml_backend_unload, the registry's destructor at
+/// exit) must not unmap code our worker threads still run.
+fn pin_library() {
+    static PINNED: std::sync::Once = std::sync::Once::new();
+    PINNED.call_once(|| {
+        let Some(path) = crate::backend::self_path() else {
+            return;
+        };
+        let Ok(c) = std::ffi::CString::new(path) else {
+            return;
+        };
+        // SAFETY: RTLD_NOLOAD only takes a reference to this already loaded
+        // library, adding NODELETE; the handle is deliberately kept.
+        let _ = unsafe {
+            libc::dlopen(
+                c.as_ptr(),
+                libc::RTLD_NOW | libc::RTLD_NOLOAD | libc::RTLD_NODELETE,
+            )
+        };
+    });
 }
 
 fn worker(conn: std::sync::Weak<Conn>) {

@@ -298,3 +298,50 @@ fn simple_on_ggml_0_26_two_servers() {
     );
     check_direct(&t);
 }
+
+#[test]
+#[ignore = "needs llama-cpp-sys-2's ggml build (cargo xtask test)"]
+fn simple_server_killed_fails_within_the_timeout() {
+    let dir = scratch("killed");
+    let model = model(&dir);
+    let exe = simple_host(&dir);
+    let mut servers = start_servers(2);
+    let mut child = Command::new(&exe)
+        .arg("-m")
+        .arg(&model)
+        .args(["-n", "3000", "-ngl", "99", PROMPT])
+        .env("TRANSFER_PLUGIN", plugin_so())
+        .env("TRANSFER_RPC_SERVERS", endpoints(&servers))
+        .env("TRANSFER_RPC_TIMEOUT_S", "20")
+        .env("GGML_NO_BACKTRACE", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    servers[1].child.kill().unwrap();
+    let killed = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if killed.elapsed() > std::time::Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("the host hung after its server died");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    eprintln!("{}", tail(&err, 15));
+    eprintln!(
+        "exit {status:?} {:.1} s after the kill",
+        killed.elapsed().as_secs_f64()
+    );
+    // A decode error (exit 1), not a crash (signal) and not success.
+    assert_eq!(status.code(), Some(1), "{status:?}");
+    assert!(
+        err.contains("unusable for the rest of this run"),
+        "no log line"
+    );
+}
