@@ -266,6 +266,52 @@ fn simple_host(dir: &Path) -> PathBuf {
     exe
 }
 
+/// One server of ours and one that behaves exactly like upstream's
+/// rpc-server (`--no-ext`: no extension): the boundary goes through the
+/// client, logged once, and the text is still the CPU run's.
+#[test]
+#[ignore = "needs llama-cpp-sys-2's ggml build (cargo xtask test)"]
+fn simple_with_a_stock_server_falls_back() {
+    let dir = scratch("stockmix");
+    let model = model(&dir);
+    let exe = simple_host(&dir);
+    let bin = env_path(ENV_SERVER_BIN);
+    let servers = vec![
+        Server::start(&bin, &["--compute-in-process", "-v"]),
+        Server::start(&bin, &["--compute-in-process", "-v", "--no-ext"]),
+    ];
+    let base = |ngl: &str| {
+        let mut c = Command::new(&exe);
+        c.arg("-m")
+            .arg(&model)
+            .args(["-n", N_PREDICT, "-ngl", ngl])
+            .arg(PROMPT);
+        c
+    };
+    let cpu = run(&mut base("0"), "CPU only");
+    let out = base("99")
+        .env("TRANSFER_PLUGIN", plugin_so())
+        .env("TRANSFER_RPC_SERVERS", endpoints(&servers))
+        .env("GGML_NO_BACKTRACE", "1")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}", tail(&err, 20));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), cpu);
+    assert_eq!(
+        err.matches("boundary copies go through this process")
+            .count(),
+        1,
+        "{err}"
+    );
+    let t = traffic(&servers);
+    eprintln!(
+        "graphs {:?} COPY_TENSOR_TO {:?} GET_TENSOR {:?} peer SET_TENSOR {:?}",
+        t.graphs, t.copy_to, t.gets, t.peer_sets
+    );
+    check_hub(&t);
+}
+
 #[test]
 #[ignore = "needs llama-cpp-sys-2's ggml build (cargo xtask test)"]
 fn simple_on_ggml_0_26_two_servers() {
