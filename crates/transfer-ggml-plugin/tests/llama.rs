@@ -312,10 +312,8 @@ fn simple_with_a_stock_server_falls_back() {
     check_hub(&t);
 }
 
-#[test]
-#[ignore = "needs llama-cpp-sys-2's ggml build (cargo xtask test)"]
-fn simple_on_ggml_0_26_two_servers() {
-    let dir = scratch("simple026");
+fn simple_case(n_servers: usize) {
+    let dir = scratch(&format!("simple026-{n_servers}"));
     let model = model(&dir);
     let exe = simple_host(&dir);
     // simple.cpp: options first, the rest of the line is the prompt.
@@ -328,13 +326,13 @@ fn simple_on_ggml_0_26_two_servers() {
     let mut cpu = Command::new(&exe);
     args(&mut cpu, "0");
     let cpu = run(&mut cpu, "CPU only");
-    let servers = start_servers(2);
+    let servers = start_servers(n_servers);
     let mut c = Command::new(&exe);
     args(&mut c, "99");
     let got = run(
         c.env("TRANSFER_PLUGIN", plugin_so())
             .env("TRANSFER_RPC_SERVERS", endpoints(&servers)),
-        "TRPC0,TRPC1",
+        &format!("{n_servers} TRPC devices"),
     );
     assert_eq!(got, cpu, "greedy text differs from the CPU run");
     let t = traffic(&servers);
@@ -343,6 +341,18 @@ fn simple_on_ggml_0_26_two_servers() {
         t.graphs, t.copy_to, t.gets, t.peer_sets
     );
     check_direct(&t);
+}
+
+#[test]
+#[ignore = "needs llama-cpp-sys-2's ggml build (cargo xtask test)"]
+fn simple_on_ggml_0_26_two_servers() {
+    simple_case(2);
+}
+
+#[test]
+#[ignore = "needs llama-cpp-sys-2's ggml build (cargo xtask test)"]
+fn simple_on_ggml_0_26_three_servers() {
+    simple_case(3);
 }
 
 #[test]
