@@ -39,6 +39,15 @@ int main(int argc, char ** argv) {
         fprintf(stderr, "smoke: no devices\n");
         return 4;
     }
+    // Loading again (as every ggml_backend_load_all does) gives the same
+    // registry and devices: init and score have no side effects.
+    size_t n_reg = ggml_backend_reg_count();
+    ggml_backend_dev_t first = ggml_backend_reg_dev_get(reg, 0);
+    if (ggml_backend_load(argv[1]) != reg || ggml_backend_reg_count() != n_reg ||
+        ggml_backend_reg_dev_count(reg) != n_dev || ggml_backend_reg_dev_get(reg, 0) != first) {
+        fprintf(stderr, "smoke: a second load gave other pointers\n");
+        return 9;
+    }
     float a[M * K], b[N * K], ref[N * M];
     for (int i = 0; i < M * K; i++) a[i] = sinf(0.37f * i) * 0.2f;
     for (int i = 0; i < N * K; i++) b[i] = cosf(0.11f * i) * 0.3f;
