@@ -84,6 +84,12 @@ pub struct Conn {
     peer_barrier: bool,
     /// `TRANSFER_RPC_P2P` (default on): direct copies allowed.
     p2p: bool,
+    /// Every command sent so far is known to have run on the server (the
+    /// last one was answered). Cleared before each command, set by the
+    /// callers whose last command was answered ([`Conn::settled_by`]).
+    settled: std::sync::atomic::AtomicBool,
+    /// `settled` as it was when the running command started.
+    settled_before: std::sync::atomic::AtomicBool,
     client: Mutex<Option<Client>>,
     queue: Mutex<Queue>,
     cv: Condvar,
@@ -118,6 +124,8 @@ impl Conn {
             copy_to: client.supports_copy_to(),
             peer_barrier: client.supports_peer_barrier(),
             p2p: client.config().p2p,
+            settled: std::sync::atomic::AtomicBool::new(false),
+            settled_before: std::sync::atomic::AtomicBool::new(false),
             client: Mutex::new(Some(client)),
             queue: Mutex::new(Queue {
                 jobs: VecDeque::new(),
@@ -148,6 +156,20 @@ impl Conn {
     /// The answer deadline.
     pub fn timeout(&self) -> Duration {
         self.timeout
+    }
+
+    /// Marks the stream settled: the command just run was answered, and a
+    /// server answers in order, so everything sent before it has run.
+    pub fn settled_by(&self) {
+        self.settled
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Inside a command run on the connection: true when everything sent
+    /// before it is known to have run on the server.
+    pub fn was_settled(&self) -> bool {
+        self.settled_before
+            .load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Can this server send a direct copy to `dst`? Both must serve the
@@ -294,6 +316,12 @@ impl Conn {
             let r = self.failure().unwrap_or_else(|| "connection closed".into());
             return Err(self.failed_error(&r));
         };
+        // Under the client lock: commands on a connection run one at a time.
+        let before = self
+            .settled
+            .swap(false, std::sync::atomic::Ordering::AcqRel);
+        self.settled_before
+            .store(before, std::sync::atomic::Ordering::Release);
         match f(client) {
             Ok(v) => Ok(v),
             Err(source) => {
