@@ -312,6 +312,11 @@ impl Conn {
     /// Runs `f` on the connection now (the caller ordered it).
     pub fn run_now<R>(&self, f: impl FnOnce(&mut Client) -> transfer_rpc::Result<R>) -> Result<R> {
         let mut guard = self.client.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(r) = self.failure() {
+            // `fail` could not close a connection another thread was using.
+            *guard = None;
+            return Err(self.failed_error(&r));
+        }
         let Some(client) = guard.as_mut() else {
             let r = self.failure().unwrap_or_else(|| "connection closed".into());
             return Err(self.failed_error(&r));

@@ -52,10 +52,7 @@ pub fn plugin_so() -> PathBuf {
 /// test name: a rerun reuses and clears it).
 pub fn scratch(name: &str) -> PathBuf {
     let exe = std::env::current_exe().unwrap();
-    let dir = exe
-        .parent()
-        .unwrap()
-        .join(format!("plugin-test-{name}"));
+    let dir = exe.parent().unwrap().join(format!("plugin-test-{name}"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
