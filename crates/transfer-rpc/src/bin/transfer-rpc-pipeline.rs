@@ -55,6 +55,10 @@ enum Cmd {
         /// n_ff must then be multiples of 32).
         #[arg(long, default_value = "f32")]
         weight_type: String,
+        /// Give the model a byte-fallback SentencePiece vocabulary, so
+        /// llama.cpp's programs run it from a text prompt (n_vocab >= 259).
+        #[arg(long)]
+        byte_vocab: bool,
     },
     /// Run greedy decoding over the servers.
     Run {
@@ -119,6 +123,7 @@ fn run(cli: Cli) -> transfer_rpc::Result<()> {
             n_vocab,
             seed,
             weight_type,
+            byte_vocab,
         } => {
             let spec = SyntheticSpec {
                 weight_type: WeightType::parse(&weight_type)?,
@@ -130,7 +135,11 @@ fn run(cli: Cli) -> transfer_rpc::Result<()> {
                 n_vocab,
                 seed,
             };
-            spec.write(&out)?;
+            if byte_vocab {
+                spec.build_tokenizable()?.write(&out)?;
+            } else {
+                spec.write(&out)?;
+            }
             eprintln!("transfer-rpc-pipeline: wrote {} ({spec:?})", out.display());
             Ok(())
         }

@@ -199,6 +199,38 @@ impl GgufWriter {
         self.n_kv += 1;
     }
 
+    /// Adds an array of strings.
+    pub fn add_str_array(&mut self, key: &str, v: &[String]) {
+        self.array_header(key, 8, v.len());
+        for x in v {
+            put_str(&mut self.kv, x);
+        }
+    }
+
+    /// Adds an array of f32.
+    pub fn add_f32_array(&mut self, key: &str, v: &[f32]) {
+        self.array_header(key, 6, v.len());
+        for x in v {
+            self.kv.extend_from_slice(&x.to_le_bytes());
+        }
+    }
+
+    /// Adds an array of i32.
+    pub fn add_i32_array(&mut self, key: &str, v: &[i32]) {
+        self.array_header(key, 5, v.len());
+        for x in v {
+            self.kv.extend_from_slice(&x.to_le_bytes());
+        }
+    }
+
+    fn array_header(&mut self, key: &str, elem_type: u32, len: usize) {
+        put_str(&mut self.kv, key);
+        self.kv.extend_from_slice(&9u32.to_le_bytes());
+        self.kv.extend_from_slice(&elem_type.to_le_bytes());
+        self.kv.extend_from_slice(&(len as u64).to_le_bytes());
+        self.n_kv += 1;
+    }
+
     /// Adds an F32 tensor of shape `dims` (ggml order, `dims[0]` = row length).
     pub fn add_tensor_f32(&mut self, name: &str, dims: &[u64], data: &[f32]) -> Result<()> {
         self.add_tensor_as(name, dims, WeightType::F32, data)
@@ -366,8 +398,21 @@ impl SyntheticSpec {
         Ok(())
     }
 
-    /// The GGUF of a random-weight llama model.
+    /// The GGUF of a random-weight llama model without a tokenizer (token
+    /// ids in, logits out).
     pub fn build(&self) -> Result<GgufWriter> {
+        self.build_with(false)
+    }
+
+    /// The same model with a vocabulary llama.cpp can tokenize any text
+    /// with (see [`byte_vocab`]), so that its programs (llama-completion,
+    /// llama-server) run it from a text prompt. `n_vocab` must be at least
+    /// [`BYTE_VOCAB_MIN`].
+    pub fn build_tokenizable(&self) -> Result<GgufWriter> {
+        self.build_with(true)
+    }
+
+    fn build_with(&self, vocab: bool) -> Result<GgufWriter> {
         self.check()?;
         let (e, ff, v) = (
             u64::from(self.n_embd),
@@ -387,7 +432,18 @@ impl SyntheticSpec {
         g.add_f32("llama.attention.layer_norm_rms_epsilon", 1e-5);
         g.add_f32("llama.rope.freq_base", 10000.0);
         g.add_u32("llama.vocab_size", self.n_vocab);
-        g.add_str("tokenizer.ggml.model", "none");
+        if vocab {
+            let v = byte_vocab(self.n_vocab)?;
+            g.add_str("tokenizer.ggml.model", "llama");
+            g.add_str_array("tokenizer.ggml.tokens", &v.tokens);
+            g.add_f32_array("tokenizer.ggml.scores", &v.scores);
+            g.add_i32_array("tokenizer.ggml.token_type", &v.types);
+            g.add_u32("tokenizer.ggml.unknown_token_id", 0);
+            g.add_u32("tokenizer.ggml.bos_token_id", 1);
+            g.add_u32("tokenizer.ggml.eos_token_id", 2);
+        } else {
+            g.add_str("tokenizer.ggml.model", "none");
+        }
         let mut rng = SplitMix(self.seed ^ 0x7472_616E_7366_6572);
         // Matrices scaled by 1/sqrt(fan_in) keep activations O(1); the
         // output matrix is wider so greedy choices are well separated.
@@ -457,6 +513,66 @@ impl SyntheticSpec {
     }
 }
 
+/// The smallest vocabulary [`byte_vocab`] makes: `<unk>`, `<s>`, `</s>` and
+/// the 256 byte tokens.
+pub const BYTE_VOCAB_MIN: u32 = 3 + 256;
+
+/// A SentencePiece-style ("llama") vocabulary llama.cpp tokenizes any text
+/// with: `<unk>` `<s>` `</s>`, the byte tokens `<0x00>`..`<0xFF>` (byte
+/// fallback), then `▁` and printable ASCII characters and pairs as normal
+/// pieces up to `n_vocab`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ByteVocab {
+    /// The pieces.
+    pub tokens: Vec<String>,
+    /// Their scores (higher merges first).
+    pub scores: Vec<f32>,
+    /// llama.cpp token types (1 normal, 2 unknown, 3 control, 6 byte).
+    pub types: Vec<i32>,
+}
+
+/// See [`ByteVocab`].
+pub fn byte_vocab(n_vocab: u32) -> Result<ByteVocab> {
+    if n_vocab < BYTE_VOCAB_MIN {
+        return Err(RpcError::refused(
+            "byte_vocab",
+            format!(
+                "n_vocab {n_vocab} is below the {BYTE_VOCAB_MIN} tokens a byte-fallback vocabulary needs"
+            ),
+        ));
+    }
+    let mut v = ByteVocab {
+        tokens: vec!["<unk>".into(), "<s>".into(), "</s>".into()],
+        scores: vec![0.0; 3],
+        types: vec![2, 3, 3],
+    };
+    for b in 0..=255u8 {
+        v.tokens.push(format!("<0x{b:02X}>"));
+        v.scores.push(0.0);
+        v.types.push(6);
+    }
+    let printable: Vec<char> = std::iter::once('\u{2581}')
+        .chain((0x21u8..0x7F).map(char::from))
+        .collect();
+    let pairs = printable
+        .iter()
+        .flat_map(|&a| printable.iter().map(move |&b| format!("{a}{b}")));
+    let pieces = printable.iter().map(|c| c.to_string()).chain(pairs);
+    for p in pieces.take((n_vocab - BYTE_VOCAB_MIN) as usize) {
+        // Longer pieces score higher, so the tokenizer prefers them.
+        v.scores.push(-1000.0 + p.chars().count() as f32);
+        v.tokens.push(p);
+        v.types.push(1);
+    }
+    if v.tokens.len() != n_vocab as usize {
+        return Err(RpcError::refused(
+            "byte_vocab",
+            format!("n_vocab {n_vocab} is more pieces than the vocabulary has"),
+        ));
+    }
+    Ok(v)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -483,6 +599,36 @@ mod tests {
         // the block size) and `out` has room for `n` floats.
         unsafe { to_float(bytes.as_ptr().cast(), out.as_mut_ptr(), n as i64) };
         Ok(out)
+    }
+
+    #[test]
+    fn byte_vocab_covers_every_byte() -> Result<()> {
+        assert!(byte_vocab(BYTE_VOCAB_MIN - 1).is_err());
+        let v = byte_vocab(384)?;
+        assert_eq!(v.tokens.len(), 384);
+        assert_eq!(v.scores.len(), 384);
+        assert_eq!(v.types.len(), 384);
+        assert_eq!(v.types.iter().filter(|&&t| t == 6).count(), 256);
+        assert_eq!(v.tokens[3 + 0x41], "<0x41>");
+        assert_eq!(v.tokens[BYTE_VOCAB_MIN as usize], "\u{2581}");
+        // Pieces are unique (llama.cpp maps text to ids).
+        let mut t = v.tokens.clone();
+        t.sort();
+        t.dedup();
+        assert_eq!(t.len(), 384);
+        // The model reads back with its vocabulary size.
+        let dir = std::env::temp_dir().join(format!("byte-vocab-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| RpcError::io("test", e))?;
+        let path = dir.join("m.gguf");
+        SyntheticSpec {
+            n_vocab: 384,
+            ..SyntheticSpec::default()
+        }
+        .build_tokenizable()?
+        .write(&path)?;
+        assert_eq!(LlamaModel::open(&path)?.hparams.n_vocab, 384);
+        let _ = std::fs::remove_dir_all(&dir);
+        Ok(())
     }
 
     #[test]

@@ -1,0 +1,402 @@
+//! One server connection and its ordered command stream: ggml's
+//! asynchronous calls (tensor writes and reads, graph computes, event
+//! records) queue jobs that one worker thread runs in order on the
+//! connection; synchronous calls first wait for the queue to drain, then run
+//! on the caller's thread. Every wait has a deadline; the first failure
+//! closes the connection for good and every later call fails fast (the host
+//! sees a failed graph compute, never a hang or an abort).
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use transfer_rpc::client::{Client, ClientConfig};
+
+use crate::abi::LOG_ERROR;
+use crate::error::{PluginError, Result};
+use crate::host;
+
+/// Environment variable: seconds a server may take to answer (default 300).
+pub const ENV_TIMEOUT: &str = "TRANSFER_RPC_TIMEOUT_S";
+/// Jobs queued per connection before an asynchronous call waits for room.
+const QUEUE_CAP: usize = 1024;
+/// How long a connect may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often an idle worker checks for shutdown.
+const IDLE_TICK: Duration = Duration::from_millis(500);
+
+/// A command run on the connection by the worker.
+pub type Work = Box<dyn FnOnce(&mut Client, &Conn) -> transfer_rpc::Result<()> + Send>;
+
+/// A one-shot completion flag with a deadline wait.
+#[derive(Default)]
+pub struct Done {
+    set: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Done {
+    /// Marks it complete.
+    pub fn set(&self) {
+        *self.set.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        self.cv.notify_all();
+    }
+
+    /// Waits up to `timeout`; true when complete.
+    pub fn wait(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut g = self.set.lock().unwrap_or_else(|p| p.into_inner());
+        while !*g {
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            g = match self.cv.wait_timeout(g, deadline - now) {
+                Ok((g, _)) => g,
+                Err(p) => p.into_inner().0,
+            };
+        }
+        true
+    }
+}
+
+enum Job {
+    Run(Work),
+    Signal(Arc<Done>),
+    Wait(Arc<Done>),
+}
+
+struct Queue {
+    jobs: VecDeque<Job>,
+    /// A job is running (popped but not finished).
+    busy: bool,
+    failed: Option<String>,
+}
+
+/// A connection to one server.
+pub struct Conn {
+    endpoint: String,
+    timeout: Duration,
+    /// The server serves COPY_TENSOR_TO (it can be the source of a direct copy).
+    copy_to: bool,
+    /// The server serves PEER_BARRIER (it can be a destination).
+    peer_barrier: bool,
+    /// `TRANSFER_RPC_P2P` (default on): direct copies allowed.
+    p2p: bool,
+    /// Every command sent so far is known to have run on the server (the
+    /// last one was answered). Cleared before each command, set by the
+    /// callers whose last command was answered ([`Conn::settled_by`]).
+    settled: std::sync::atomic::AtomicBool,
+    /// `settled` as it was when the running command started.
+    settled_before: std::sync::atomic::AtomicBool,
+    client: Mutex<Option<Client>>,
+    queue: Mutex<Queue>,
+    cv: Condvar,
+    worker: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// The answer deadline from [`ENV_TIMEOUT`].
+pub fn timeout_from_env() -> Duration {
+    std::env::var(ENV_TIMEOUT)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|&s| s > 0)
+        .map_or(Duration::from_secs(300), Duration::from_secs)
+}
+
+impl Conn {
+    /// Connects (HELLO, the extension probe) and starts the worker.
+    pub fn connect(endpoint: &str) -> Result<Arc<Conn>> {
+        let timeout = timeout_from_env();
+        let config = ClientConfig {
+            connect_timeout: Some(CONNECT_TIMEOUT),
+            io_timeout: Some(timeout),
+            ..ClientConfig::from_env()
+        };
+        let client = Client::connect(endpoint, config).map_err(|source| PluginError::Rpc {
+            endpoint: endpoint.to_owned(),
+            source,
+        })?;
+        let conn = Arc::new(Conn {
+            endpoint: endpoint.to_owned(),
+            timeout,
+            copy_to: client.supports_copy_to(),
+            peer_barrier: client.supports_peer_barrier(),
+            p2p: client.config().p2p,
+            settled: std::sync::atomic::AtomicBool::new(false),
+            settled_before: std::sync::atomic::AtomicBool::new(false),
+            client: Mutex::new(Some(client)),
+            queue: Mutex::new(Queue {
+                jobs: VecDeque::new(),
+                busy: false,
+                failed: None,
+            }),
+            cv: Condvar::new(),
+            worker: Mutex::new(None),
+        });
+        pin_library();
+        let weak = Arc::downgrade(&conn);
+        let handle = std::thread::Builder::new()
+            .name(format!("trpc-{endpoint}"))
+            .spawn(move || worker(weak))
+            .map_err(|e| PluginError::Rpc {
+                endpoint: endpoint.to_owned(),
+                source: transfer_rpc::RpcError::io("spawn worker", e),
+            })?;
+        *conn.worker.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
+        Ok(conn)
+    }
+
+    /// The endpoint.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// The answer deadline.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Marks the stream settled: the command just run was answered, and a
+    /// server answers in order, so everything sent before it has run.
+    pub fn settled_by(&self) {
+        self.settled
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Inside a command run on the connection: true when everything sent
+    /// before it is known to have run on the server.
+    pub fn was_settled(&self) -> bool {
+        self.settled_before
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Can this server send a direct copy to `dst`? Both must serve the
+    /// extension (a stock server does not) and `TRANSFER_RPC_P2P` not be off.
+    pub fn can_copy_to(&self, dst: &Conn) -> bool {
+        self.p2p && self.copy_to && dst.peer_barrier
+    }
+
+    fn lock_queue(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn failed_error(&self, reason: &str) -> PluginError {
+        PluginError::Failed {
+            endpoint: self.endpoint.clone(),
+            reason: reason.to_owned(),
+        }
+    }
+
+    /// Marks the connection failed (first reason wins, logged once) and
+    /// closes it.
+    pub fn fail(&self, reason: &str) {
+        {
+            let mut q = self.lock_queue();
+            if q.failed.is_some() {
+                return;
+            }
+            q.failed = Some(reason.to_owned());
+            self.cv.notify_all();
+        }
+        host::log(
+            LOG_ERROR,
+            &format!(
+                "{}: {reason}; the server is unusable for the rest of this run",
+                self.endpoint
+            ),
+        );
+        if let Ok(mut c) = self.client.try_lock() {
+            *c = None;
+        }
+    }
+
+    /// `Some(reason)` once the connection failed.
+    pub fn failure(&self) -> Option<String> {
+        self.lock_queue().failed.clone()
+    }
+
+    /// Runs `f` with the queue lock held if the connection has not failed
+    /// (what an asynchronous read does before writing host memory: a
+    /// synchronize that timed out marks the connection failed under the same
+    /// lock, so no late write reaches memory the host took back).
+    pub fn if_alive<R>(&self, f: impl FnOnce() -> R) -> Option<R> {
+        let q = self.lock_queue();
+        if q.failed.is_some() {
+            return None;
+        }
+        let r = f();
+        drop(q);
+        Some(r)
+    }
+
+    fn push(&self, job: Job) -> Result<()> {
+        let deadline = Instant::now() + self.timeout;
+        let mut q = self.lock_queue();
+        loop {
+            if let Some(r) = &q.failed {
+                return Err(self.failed_error(r));
+            }
+            if q.jobs.len() < QUEUE_CAP {
+                q.jobs.push_back(job);
+                self.cv.notify_all();
+                return Ok(());
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                drop(q);
+                self.fail("command queue stayed full past the deadline");
+                return Err(PluginError::Timeout {
+                    call: "queue",
+                    endpoint: self.endpoint.clone(),
+                    secs: self.timeout.as_secs(),
+                });
+            }
+            q = match self.cv.wait_timeout(q, deadline - now) {
+                Ok((g, _)) => g,
+                Err(p) => p.into_inner().0,
+            };
+        }
+    }
+
+    /// Queues `work` after everything queued before.
+    pub fn post(&self, work: Work) -> Result<()> {
+        self.push(Job::Run(work))
+    }
+
+    /// Queues a marker; the returned flag is set when the worker reaches it.
+    pub fn record(&self) -> Result<Arc<Done>> {
+        let d = Arc::new(Done::default());
+        self.push(Job::Signal(d.clone()))?;
+        Ok(d)
+    }
+
+    /// Makes the stream wait for `done` (set by another connection's worker).
+    pub fn wait_for(&self, done: Arc<Done>) -> Result<()> {
+        self.push(Job::Wait(done))
+    }
+
+    /// Waits until every queued job ran; a timeout fails the connection.
+    pub fn synchronize(&self, call: &'static str) -> Result<()> {
+        let d = self.record()?;
+        self.await_done(&d, call)
+    }
+
+    /// Waits for a marker; a timeout fails the connection.
+    pub fn await_done(&self, d: &Done, call: &'static str) -> Result<()> {
+        if d.wait(self.timeout) {
+            return match self.failure() {
+                Some(r) => Err(self.failed_error(&r)),
+                None => Ok(()),
+            };
+        }
+        self.fail(&format!("{call} timed out"));
+        Err(PluginError::Timeout {
+            call,
+            endpoint: self.endpoint.clone(),
+            secs: self.timeout.as_secs(),
+        })
+    }
+
+    /// A synchronous command: after the queue drained, on this thread.
+    pub fn call<R>(
+        &self,
+        call: &'static str,
+        f: impl FnOnce(&mut Client) -> transfer_rpc::Result<R>,
+    ) -> Result<R> {
+        self.synchronize(call)?;
+        self.run_now(f)
+    }
+
+    /// Runs `f` on the connection now (the caller ordered it).
+    pub fn run_now<R>(&self, f: impl FnOnce(&mut Client) -> transfer_rpc::Result<R>) -> Result<R> {
+        let mut guard = self.client.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(r) = self.failure() {
+            // `fail` could not close a connection another thread was using.
+            *guard = None;
+            return Err(self.failed_error(&r));
+        }
+        let Some(client) = guard.as_mut() else {
+            let r = self.failure().unwrap_or_else(|| "connection closed".into());
+            return Err(self.failed_error(&r));
+        };
+        // Under the client lock: commands on a connection run one at a time.
+        let before = self
+            .settled
+            .swap(false, std::sync::atomic::Ordering::AcqRel);
+        self.settled_before
+            .store(before, std::sync::atomic::Ordering::Release);
+        match f(client) {
+            Ok(v) => Ok(v),
+            Err(source) => {
+                *guard = None;
+                drop(guard);
+                self.fail(&source.to_string());
+                Err(PluginError::Rpc {
+                    endpoint: self.endpoint.clone(),
+                    source,
+                })
+            }
+        }
+    }
+}
+
+/// Marks this library RTLD_NODELETE before its first thread starts: a host
+/// that unloads backends (ggml_backend_unload, the registry's destructor at
+/// exit) must not unmap code our worker threads still run.
+fn pin_library() {
+    static PINNED: std::sync::Once = std::sync::Once::new();
+    PINNED.call_once(|| {
+        let Some(path) = crate::backend::self_path() else {
+            return;
+        };
+        let Ok(c) = std::ffi::CString::new(path) else {
+            return;
+        };
+        // SAFETY: RTLD_NOLOAD only takes a reference to this already loaded
+        // library, adding NODELETE; the handle is deliberately kept.
+        let _ = unsafe {
+            libc::dlopen(
+                c.as_ptr(),
+                libc::RTLD_NOW | libc::RTLD_NOLOAD | libc::RTLD_NODELETE,
+            )
+        };
+    });
+}
+
+fn worker(conn: std::sync::Weak<Conn>) {
+    loop {
+        let Some(c) = conn.upgrade() else { return };
+        let job = {
+            let mut q = c.lock_queue();
+            q.busy = false;
+            match q.jobs.pop_front() {
+                Some(j) => {
+                    q.busy = true;
+                    c.cv.notify_all();
+                    Some(j)
+                }
+                None => {
+                    let _ = c.cv.wait_timeout(q, IDLE_TICK);
+                    None
+                }
+            }
+        };
+        let Some(job) = job else { continue };
+        match job {
+            Job::Signal(d) => d.set(),
+            Job::Wait(d) => {
+                if !d.wait(c.timeout) {
+                    c.fail("waiting for another server's event timed out");
+                }
+            }
+            Job::Run(work) => {
+                if c.failure().is_none() {
+                    let cc = c.clone();
+                    let _ = c.run_now(move |client| work(client, &cc));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,403 @@
+//! Unmodified llama.cpp programs over our servers through the plugin: greedy
+//! text equal to the same program's CPU-only run, and the servers' command
+//! counts per decode step (one COPY_TENSOR_TO per stage boundary, no
+//! activation GET_TENSOR through the client; the hub run for contrast).
+//!
+//! - ggml 0.25.3 (llama-cpp-python 0.3.36's llama.cpp, GGML_BACKEND_DL
+//!   build): `llama-completion --rpc a,b[,c]`, the plugin installed as
+//!   `libggml-rpc-trpc.so` where the loader looks (the working directory).
+//! - ggml 0.26.0 (llama-cpp-sys-2 0.1.161, static): its `simple` example,
+//!   unchanged, with the plugin loaded by `ggml_backend_load`
+//!   (`tests/hosts/with_plugin.c`), servers from `TRANSFER_RPC_SERVERS`.
+//!
+//! They need those builds; `cargo xtask test` provides them (env in
+//! `common`), hence `#[ignore]` in the plain workspace run.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::*;
+
+const PROMPT: &str = "Hello world";
+const N_PREDICT: &str = "8";
+
+/// Writes the test model: a 4-layer random llama with a byte-fallback
+/// vocabulary llama.cpp tokenizes text with.
+fn model(dir: &Path) -> PathBuf {
+    let path = dir.join("model.gguf");
+    let status = Command::new(env_path(ENV_PIPELINE_BIN))
+        .args(["make-model", "--byte-vocab", "--n-vocab", "384"])
+        .args(["--n-embd", "128", "--n-ff", "256", "--n-layer", "4"])
+        .arg("--out")
+        .arg(&path)
+        .status()
+        .unwrap();
+    assert!(status.success(), "make-model failed");
+    path
+}
+
+/// Commands per session of a `-v` server log: session id -> command -> count.
+fn counts(server: &Server) -> HashMap<String, HashMap<String, usize>> {
+    let mut out: HashMap<String, HashMap<String, usize>> = HashMap::new();
+    for line in server.log.lock().unwrap().iter() {
+        let Some(rest) = line.split("session ").nth(1) else {
+            continue;
+        };
+        let Some((id, cmd)) = rest.split_once(": ") else {
+            continue;
+        };
+        let cmd = cmd.split_whitespace().next().unwrap_or("").to_owned();
+        *out.entry(id.to_owned())
+            .or_default()
+            .entry(cmd)
+            .or_default() += 1;
+    }
+    out
+}
+
+fn total(c: &HashMap<String, HashMap<String, usize>>, cmd: &str) -> usize {
+    c.values().map(|m| m.get(cmd).copied().unwrap_or(0)).sum()
+}
+
+/// What one run over the servers did, per server, from their logs.
+struct Traffic {
+    graphs: Vec<usize>,
+    copy_to: Vec<usize>,
+    gets: Vec<usize>,
+    /// SET_TENSOR sent by another server (a peer session: no DEVICE_COUNT).
+    peer_sets: Vec<usize>,
+}
+
+fn traffic(servers: &[Server]) -> Traffic {
+    let mut t = Traffic {
+        graphs: vec![],
+        copy_to: vec![],
+        gets: vec![],
+        peer_sets: vec![],
+    };
+    for s in servers {
+        let c = counts(s);
+        t.graphs
+            .push(total(&c, "GRAPH_COMPUTE") + total(&c, "GRAPH_RECOMPUTE"));
+        t.copy_to.push(total(&c, "COPY_TENSOR_TO"));
+        t.gets.push(total(&c, "GET_TENSOR"));
+        t.peer_sets.push(
+            c.values()
+                .filter(|m| !m.contains_key("DEVICE_COUNT"))
+                .map(|m| m.get("SET_TENSOR").copied().unwrap_or(0))
+                .sum(),
+        );
+    }
+    t
+}
+
+fn start_servers(n: usize) -> Vec<Server> {
+    let bin = env_path(ENV_SERVER_BIN);
+    (0..n)
+        .map(|_| Server::start(&bin, &["--compute-in-process", "-v"]))
+        .collect()
+}
+
+fn run(cmd: &mut Command, what: &str) -> String {
+    let out = cmd
+        .env("GGML_NO_BACKTRACE", "1")
+        .env("TRANSFER_RPC_TIMEOUT_S", "120")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("--- {what}\n{stdout}\n{}", tail(&stderr, 30));
+    assert!(out.status.success(), "{what} failed");
+    stdout
+}
+
+fn tail(s: &str, n: usize) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// Checks the counters of a direct run over `servers` (the last holds the
+/// output layer): every non-last server sent one COPY_TENSOR_TO per graph
+/// (per decode step) and answered no GET_TENSOR (no activation through the
+/// client); each next server received those writes from its peer.
+fn check_direct(t: &Traffic) {
+    let n = t.graphs.len();
+    let steps = t.graphs[0];
+    assert!(steps >= 2, "graphs per server {:?}", t.graphs);
+    for i in 0..n {
+        assert_eq!(t.graphs[i], steps, "graphs per server {:?}", t.graphs);
+    }
+    for i in 0..n - 1 {
+        assert_eq!(
+            t.copy_to[i], steps,
+            "COPY_TENSOR_TO per server {:?}",
+            t.copy_to
+        );
+        assert_eq!(t.gets[i], 0, "GET_TENSOR per server {:?}", t.gets);
+        assert_eq!(
+            t.peer_sets[i + 1],
+            steps,
+            "peer SET_TENSOR {:?}",
+            t.peer_sets
+        );
+    }
+    assert_eq!(t.copy_to[n - 1], 0);
+}
+
+/// The hub run (TRANSFER_RPC_P2P=0): every boundary is a GET_TENSOR from
+/// its source through the client, no server-to-server traffic.
+fn check_hub(t: &Traffic) {
+    let n = t.graphs.len();
+    let steps = t.graphs[0];
+    for i in 0..n - 1 {
+        assert_eq!(t.copy_to[i], 0, "{:?}", t.copy_to);
+        assert_eq!(t.gets[i], steps, "GET_TENSOR per server {:?}", t.gets);
+        assert_eq!(t.peer_sets[i + 1], 0, "{:?}", t.peer_sets);
+    }
+}
+
+fn endpoints(servers: &[Server]) -> String {
+    servers
+        .iter()
+        .map(|s| s.endpoint.as_str())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+// ----------------------------------------------------- ggml 0.25 (DL build)
+
+fn completion(dir: &Path, model: &Path) -> Command {
+    let bin = env_path(ENV_LLAMA_BUILD).join("bin/llama-completion");
+    let mut c = Command::new(bin);
+    c.current_dir(dir)
+        .arg("-m")
+        .arg(model)
+        .args(["-p", PROMPT, "-n", N_PREDICT, "--temp", "0", "--top-k", "1"])
+        .args(["-no-cnv", "--seed", "1", "-t", "1"]);
+    c
+}
+
+fn completion_case(n_servers: usize) {
+    let dir = scratch(&format!("completion{n_servers}"));
+    let model = model(&dir);
+    // ggml's loader searches the working directory for libggml-rpc-*.so.
+    std::fs::copy(plugin_so(), dir.join("libggml-rpc-trpc.so")).unwrap();
+    let cpu = run(completion(&dir, &model).args(["-ngl", "0"]), "CPU only");
+    for (p2p, check) in [("1", check_direct as fn(&Traffic)), ("0", check_hub)] {
+        let servers = start_servers(n_servers);
+        let got = run(
+            completion(&dir, &model)
+                .args(["-ngl", "99", "--rpc", &endpoints(&servers)])
+                .env("TRANSFER_RPC_P2P", p2p),
+            &format!("--rpc over {n_servers} servers, p2p={p2p}"),
+        );
+        assert_eq!(got, cpu, "greedy text differs from the CPU run");
+        let t = traffic(&servers);
+        eprintln!(
+            "p2p={p2p}: graphs {:?} COPY_TENSOR_TO {:?} GET_TENSOR {:?} peer SET_TENSOR {:?}",
+            t.graphs, t.copy_to, t.gets, t.peer_sets
+        );
+        check(&t);
+    }
+}
+
+#[test]
+#[ignore = "needs the llama.cpp build (cargo xtask test)"]
+fn completion_two_servers() {
+    completion_case(2);
+}
+
+#[test]
+#[ignore = "needs the llama.cpp build (cargo xtask test)"]
+fn completion_three_servers() {
+    completion_case(3);
+}
+
+// --------------------------------------------------- ggml 0.26 (static host)
+
+fn simple_host(dir: &Path) -> PathBuf {
+    let out = env_path(ENV_SYS_OUT).join("lib");
+    let src = env_path(ENV_SYS_SRC);
+    let example = env_path(ENV_LLAMA_SRC).join("examples/simple/simple.cpp");
+    let inc = [
+        format!("-I{}", src.join("include").display()),
+        format!("-I{}", src.join("ggml/include").display()),
+    ];
+    let exe = dir.join("simple");
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    let obj = dir.join("simple.o");
+    let status = Command::new(&cxx)
+        .args(["-O1", "-Dmain=example_main", "-c"])
+        .arg(&example)
+        .arg("-o")
+        .arg(&obj)
+        .args(&inc)
+        .status()
+        .unwrap();
+    assert!(status.success(), "compiling simple.cpp");
+    let wrapper = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hosts/with_plugin.c");
+    let a = |n: &str| out.join(n);
+    let status = Command::new(&cxx)
+        .args(["-O1", "-rdynamic", "-x", "c++"])
+        .arg(&wrapper)
+        .args(["-x", "none"])
+        .arg(&obj)
+        .arg("-o")
+        .arg(&exe)
+        .args(&inc)
+        .arg(a("libllama.a"))
+        .arg("-Wl,--whole-archive")
+        .arg(a("libggml-base.a"))
+        .arg("-Wl,--no-whole-archive")
+        .args([
+            a("libggml.a"),
+            a("libggml-rpc.a"),
+            a("libggml-cpu.a"),
+            a("libggml-base.a"),
+        ])
+        .args(["-lgomp", "-lpthread", "-lm", "-ldl"])
+        .status()
+        .unwrap();
+    assert!(status.success(), "linking the simple host");
+    exe
+}
+
+/// One server of ours and one that behaves exactly like upstream's
+/// rpc-server (`--no-ext`: no extension): the boundary goes through the
+/// client, logged once, and the text is still the CPU run's.
+#[test]
+#[ignore = "needs llama-cpp-sys-2's ggml build (cargo xtask test)"]
+fn simple_with_a_stock_server_falls_back() {
+    let dir = scratch("stockmix");
+    let model = model(&dir);
+    let exe = simple_host(&dir);
+    let bin = env_path(ENV_SERVER_BIN);
+    let servers = vec![
+        Server::start(&bin, &["--compute-in-process", "-v"]),
+        Server::start(&bin, &["--compute-in-process", "-v", "--no-ext"]),
+    ];
+    let base = |ngl: &str| {
+        let mut c = Command::new(&exe);
+        c.arg("-m")
+            .arg(&model)
+            .args(["-n", N_PREDICT, "-ngl", ngl])
+            .arg(PROMPT);
+        c
+    };
+    let cpu = run(&mut base("0"), "CPU only");
+    let out = base("99")
+        .env("TRANSFER_PLUGIN", plugin_so())
+        .env("TRANSFER_RPC_SERVERS", endpoints(&servers))
+        .env("GGML_NO_BACKTRACE", "1")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}", tail(&err, 20));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), cpu);
+    assert_eq!(
+        err.matches("boundary copies go through this process")
+            .count(),
+        1,
+        "{err}"
+    );
+    let t = traffic(&servers);
+    eprintln!(
+        "graphs {:?} COPY_TENSOR_TO {:?} GET_TENSOR {:?} peer SET_TENSOR {:?}",
+        t.graphs, t.copy_to, t.gets, t.peer_sets
+    );
+    check_hub(&t);
+}
+
+fn simple_case(n_servers: usize) {
+    let dir = scratch(&format!("simple026-{n_servers}"));
+    let model = model(&dir);
+    let exe = simple_host(&dir);
+    // simple.cpp: options first, the rest of the line is the prompt.
+    let args = |c: &mut Command, ngl: &str| {
+        c.arg("-m")
+            .arg(&model)
+            .args(["-n", N_PREDICT, "-ngl", ngl])
+            .arg(PROMPT);
+    };
+    let mut cpu = Command::new(&exe);
+    args(&mut cpu, "0");
+    let cpu = run(&mut cpu, "CPU only");
+    let servers = start_servers(n_servers);
+    let mut c = Command::new(&exe);
+    args(&mut c, "99");
+    let got = run(
+        c.env("TRANSFER_PLUGIN", plugin_so())
+            .env("TRANSFER_RPC_SERVERS", endpoints(&servers)),
+        &format!("{n_servers} TRPC devices"),
+    );
+    assert_eq!(got, cpu, "greedy text differs from the CPU run");
+    let t = traffic(&servers);
+    eprintln!(
+        "graphs {:?} COPY_TENSOR_TO {:?} GET_TENSOR {:?} peer SET_TENSOR {:?}",
+        t.graphs, t.copy_to, t.gets, t.peer_sets
+    );
+    check_direct(&t);
+}
+
+#[test]
+#[ignore = "needs llama-cpp-sys-2's ggml build (cargo xtask test)"]
+fn simple_on_ggml_0_26_two_servers() {
+    simple_case(2);
+}
+
+#[test]
+#[ignore = "needs llama-cpp-sys-2's ggml build (cargo xtask test)"]
+fn simple_on_ggml_0_26_three_servers() {
+    simple_case(3);
+}
+
+#[test]
+#[ignore = "needs llama-cpp-sys-2's ggml build (cargo xtask test)"]
+fn simple_server_killed_fails_within_the_timeout() {
+    let dir = scratch("killed");
+    let model = model(&dir);
+    let exe = simple_host(&dir);
+    let mut servers = start_servers(2);
+    let mut child = Command::new(&exe)
+        .arg("-m")
+        .arg(&model)
+        .args(["-n", "3000", "-ngl", "99", PROMPT])
+        .env("TRANSFER_PLUGIN", plugin_so())
+        .env("TRANSFER_RPC_SERVERS", endpoints(&servers))
+        .env("TRANSFER_RPC_TIMEOUT_S", "20")
+        .env("GGML_NO_BACKTRACE", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    servers[1].child.kill().unwrap();
+    let killed = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if killed.elapsed() > std::time::Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("the host hung after its server died");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    eprintln!("{}", tail(&err, 15));
+    eprintln!(
+        "exit {status:?} {:.1} s after the kill",
+        killed.elapsed().as_secs_f64()
+    );
+    // A decode error (exit 1), not a crash (signal) and not success.
+    assert_eq!(status.code(), Some(1), "{status:?}");
+    assert!(
+        err.contains("unusable for the rest of this run"),
+        "no log line"
+    );
+}
