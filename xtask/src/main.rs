@@ -9,6 +9,7 @@ mod bench_vm;
 mod deps;
 mod llama_tree;
 mod netns;
+mod plugin;
 mod slurm;
 mod step;
 mod test;

@@ -1,11 +1,6 @@
 //! `cargo xtask test`'s step for transfer-ggml-plugin (issue 19): the
 //! plugin loaded into unmodified llama.cpp programs over our servers.
 //!
-//! NOT WIRED YET: it needs `llama_tree::ensure_built` (helper `coverage`'s
-//! xtask/src/llama_tree.rs). Once both are in main: `mod plugin;` in
-//! main.rs and `crate::plugin::run_ci()?` at the end of test.rs's
-//! `rpc_against_llama_cpp` (after its transfer-rpc build).
-//!
 //! What it runs (`crates/transfer-ggml-plugin/tests/{hosts,llama}.rs`,
 //! their `#[ignore]`d cases included):
 //! - a host exporting an unknown ggml_version: refusal, no crash;

@@ -120,7 +120,10 @@ fn rpc_against_llama_cpp() -> Result<(), String> {
     step::run(
         "transfer-rpc against ggml and llama.cpp",
         &mut rpc_cargo(&["test", "-p", "transfer-rpc", "--features", RPC_FEATURES]),
-    )
+    )?;
+    // The ggml backend plugin loaded into unmodified llama.cpp programs
+    // (the llama-cpp-python 0.3.36 tree) and into the ggml above.
+    crate::plugin::run_ci()
 }
 
 /// The verbs conformance suite, unchanged, on a real soft-RoCE stack: a
