@@ -63,12 +63,15 @@ fn sys_build(rpc_target: &Path) -> Result<(PathBuf, PathBuf), String> {
             best = Some((t, out));
         }
     }
-    let out = best
-        .map(|(_, o)| o)
-        .ok_or_else(|| format!("no llama-cpp-sys-2 build with RPC under {}", build.display()))?;
+    let out = best.map(|(_, o)| o).ok_or_else(|| {
+        format!(
+            "no llama-cpp-sys-2 build with RPC under {}",
+            build.display()
+        )
+    })?;
     let cache = out.join("build/CMakeCache.txt");
-    let text = std::fs::read_to_string(&cache)
-        .map_err(|e| format!("reading {}: {e}", cache.display()))?;
+    let text =
+        std::fs::read_to_string(&cache).map_err(|e| format!("reading {}: {e}", cache.display()))?;
     let src = text
         .lines()
         .find_map(|l| l.strip_prefix("CMAKE_HOME_DIRECTORY:INTERNAL="))
@@ -99,7 +102,14 @@ pub fn run_ci() -> Result<(), String> {
     let rpc_target = target_dir().join("rpc-upstream");
     let mut build = Command::new(cargo());
     build
-        .args(["build", "-p", "transfer-rpc", "--features", RPC_FEATURES, "--bins"])
+        .args([
+            "build",
+            "-p",
+            "transfer-rpc",
+            "--features",
+            RPC_FEATURES,
+            "--bins",
+        ])
         .env("GGML_RPC", "ON")
         .env("GGML_RPC_RDMA", "OFF")
         .env("CARGO_TARGET_DIR", &rpc_target);
