@@ -24,9 +24,9 @@ struct Cli {
     /// Comma-separated devices to expose (each is a slice of host memory).
     #[arg(short, long, default_value = "CPU", value_delimiter = ',')]
     device: Vec<String>,
-    /// Compute threads.
-    #[arg(short, long, default_value_t = 1)]
-    threads: usize,
+    /// Compute threads (default: half the cores, as upstream's rpc-server).
+    #[arg(short, long)]
+    threads: Option<usize>,
     /// Memory quota in MiB (all buffers together).
     #[arg(short, long, default_value_t = 4096)]
     mem: u64,
@@ -137,6 +137,7 @@ fn make_backend(cli: &Cli, config: &ServerConfig) -> Result<Arc<dyn ComputeBacke
         threads: config.threads,
         timeout: std::time::Duration::from_secs(cli.compute_timeout_s.max(1)),
         env: Vec::new(),
+        limits: config.graph_limits,
     })))
 }
 
@@ -190,7 +191,9 @@ fn main() -> ExitCode {
             .then(|| std::time::Duration::from_secs(cli.idle_timeout_s)),
         inflight_budget: cli.inflight_mib.saturating_mul(1 << 20),
         cache_max_bytes: cli.cache_max_mib.saturating_mul(1 << 20),
-        threads: cli.threads,
+        threads: cli.threads.unwrap_or_else(|| {
+            std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1))
+        }),
         cache_dir: cli.cache.clone(),
         extensions: !cli.no_ext,
         peer_allow,

@@ -2,6 +2,7 @@
 
 use std::sync::{Arc, PoisonError};
 
+use super::compute::{StoredGraph, next_graph_key};
 use super::session::Session;
 use crate::error::{Result, RpcError};
 use crate::protocol::hello::{ExtInfo, HelloResponse};
@@ -173,23 +174,32 @@ impl Session {
                 Session::respond(Response::Status(1))
             }
             Request::GraphCompute(g) => {
+                let removals = reg.removals();
                 let graph = validate_graph(*g, cfg.devices, reg.as_ref(), &cfg.graph_limits)?;
-                let graph = Arc::new(graph);
-                self.run_graph(&graph)?;
-                self.last_graph.insert(graph.device, graph);
+                let stored = StoredGraph {
+                    graph: Arc::new(graph),
+                    key: next_graph_key(),
+                    removals,
+                };
+                self.run_graph(&stored)?;
+                self.last_graph.insert(stored.graph.device, stored);
                 Ok(None)
             }
             Request::GraphRecompute { device } => {
                 self.check_device("GRAPH_RECOMPUTE", device)?;
-                let graph =
+                let stored =
                     self.last_graph.get(&device).cloned().ok_or_else(|| {
                         RpcError::refused("GRAPH_RECOMPUTE", "no graph to recompute")
                     })?;
-                // Buffers may have been freed since: re-check every tensor.
-                for t in &graph.tensors {
-                    self.tensor("GRAPH_RECOMPUTE", t)?;
+                // Buffers may have been freed since: re-check every tensor
+                // unless none was (the compute then finds each buffer again
+                // under its lock, and fails cleanly if one went meanwhile).
+                if reg.removals() != stored.removals {
+                    for t in &stored.graph.tensors {
+                        self.tensor("GRAPH_RECOMPUTE", t)?;
+                    }
                 }
-                self.run_graph(&graph)?;
+                self.run_graph(&stored)?;
                 Ok(None)
             }
             Request::GetDeviceMemory { device } => {
@@ -292,7 +302,8 @@ impl Session {
         ))
     }
 
-    fn run_graph(&self, graph: &crate::validate::ValidatedGraph) -> Result<()> {
+    fn run_graph(&self, stored: &StoredGraph) -> Result<()> {
+        let graph = stored.graph.as_ref();
         let lock = self
             .shared
             .device_locks
@@ -301,6 +312,6 @@ impl Session {
         let _guard = lock.lock().unwrap_or_else(PoisonError::into_inner);
         self.shared
             .backend
-            .compute(graph, self.shared.registry.as_ref())
+            .compute_keyed(graph, self.shared.registry.as_ref(), stored.key)
     }
 }

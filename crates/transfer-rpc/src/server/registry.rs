@@ -79,6 +79,8 @@ struct Inner {
     buffers: HashMap<u64, Arc<Buffer>>,
     used: u64,
     next_base: u64,
+    /// Buffers removed (freed, or replaced under their handle) so far.
+    removals: u64,
 }
 
 /// All live buffers of a server, shared by its sessions.
@@ -114,6 +116,7 @@ impl BufferRegistry {
                 buffers: HashMap::new(),
                 used: 0,
                 next_base: FIRST_BASE,
+                removals: 0,
             }),
             quota,
         }
@@ -194,12 +197,25 @@ impl BufferRegistry {
             owner: 0,
             data: RwLock::new(memory),
         });
-        self.lock().buffers.insert(handle, buf);
+        let mut inner = self.lock();
+        if inner.buffers.insert(handle, buf).is_some() {
+            inner.removals += 1;
+        }
     }
 
     /// Drops a buffer added by [`BufferRegistry::insert_mapped`].
     pub fn remove_mapped(&self, handle: u64) -> bool {
-        self.lock().buffers.remove(&handle).is_some()
+        let mut inner = self.lock();
+        let removed = inner.buffers.remove(&handle).is_some();
+        inner.removals += u64::from(removed);
+        removed
+    }
+
+    /// How many buffers were removed so far: while it is unchanged, every
+    /// buffer that was live when a graph was validated still is, so the
+    /// graph's placements still hold.
+    pub fn removals(&self) -> u64 {
+        self.lock().removals
     }
 
     /// The live buffer with this handle.
@@ -223,6 +239,7 @@ impl BufferRegistry {
                 let size = b.size;
                 inner.buffers.remove(&handle);
                 inner.used = inner.used.saturating_sub(size);
+                inner.removals += 1;
                 Ok(())
             }
         }
@@ -241,7 +258,9 @@ impl BufferRegistry {
             keep
         });
         inner.used = inner.used.saturating_sub(freed);
-        before - inner.buffers.len()
+        let n = before - inner.buffers.len();
+        inner.removals += n as u64;
+        n
     }
 
     fn buffer(&self, call: &'static str, handle: u64) -> Result<Arc<Buffer>> {

@@ -19,7 +19,6 @@ use crate::protocol::request::{
     SET_TENSOR_HEADER_SIZE, decode_set_tensor_header, max_request_payload,
 };
 use crate::protocol::{Command, Request, Response};
-use crate::validate::ValidatedGraph;
 
 /// Per-connection state.
 pub struct Session {
@@ -35,7 +34,7 @@ pub struct Session {
     pub(super) shared: Arc<Shared>,
     pub(super) hello_done: bool,
     pub(super) peers: PeerPool,
-    pub(super) last_graph: HashMap<u32, Arc<ValidatedGraph>>,
+    pub(super) last_graph: HashMap<u32, super::compute::StoredGraph>,
     /// ENGINE_* state, when the server has an engine.
     #[cfg(feature = "engine")]
     pub(super) engine: Option<EngineSession>,
