@@ -74,6 +74,17 @@ struct Cli {
     /// Longest a graph may compute before its worker is killed (seconds).
     #[arg(long, default_value_t = 600)]
     compute_timeout_s: u64,
+    /// Most work one graph may ask for, in estimated element operations
+    /// (output and inputs of each node, times the contracted length for
+    /// matrix products, attention and convolutions); larger graphs are
+    /// refused. The default (2^47) is about a 70B model's forward pass
+    /// over 1,000 tokens.
+    #[arg(long, default_value_t = transfer_rpc::server::fair::DEFAULT_MAX_GRAPH_WORK)]
+    max_graph_work: u64,
+    /// Longest a graph waits for its turn on a device while other
+    /// sessions' graphs run (seconds); then it is refused.
+    #[arg(long, default_value_t = 600)]
+    device_wait_s: u64,
     /// The engine link (only in builds with the `engine` feature, so that
     /// `--help` tells whether this binary can serve ENGINE_*).
     #[cfg(feature = "engine")]
@@ -194,6 +205,8 @@ fn main() -> ExitCode {
         threads: cli.threads.unwrap_or_else(|| {
             std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1))
         }),
+        max_graph_work: cli.max_graph_work,
+        device_wait: std::time::Duration::from_secs(cli.device_wait_s.max(1)),
         cache_dir: cli.cache.clone(),
         extensions: !cli.no_ext,
         peer_allow,

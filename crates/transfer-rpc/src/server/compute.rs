@@ -20,6 +20,8 @@ pub struct StoredGraph {
     /// every buffer it names is still there and GRAPH_RECOMPUTE need not
     /// check its tensors again.
     pub removals: u64,
+    /// Its estimated work ([`super::fair::graph_work`]).
+    pub work: u64,
 }
 
 /// A new graph key (never 0: 0 means "do not keep").

@@ -1,8 +1,9 @@
 //! Command handlers of a session.
 
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 
 use super::compute::{StoredGraph, next_graph_key};
+use super::fair::{check_work, graph_work};
 use super::session::Session;
 use crate::error::{Result, RpcError};
 use crate::protocol::hello::{ExtInfo, HelloResponse};
@@ -176,10 +177,13 @@ impl Session {
             Request::GraphCompute(g) => {
                 let removals = reg.removals();
                 let graph = validate_graph(*g, cfg.devices, reg.as_ref(), &cfg.graph_limits)?;
+                let work = graph_work(&graph);
+                check_work("GRAPH_COMPUTE", work, cfg.max_graph_work)?;
                 let stored = StoredGraph {
                     graph: Arc::new(graph),
                     key: next_graph_key(),
                     removals,
+                    work,
                 };
                 self.run_graph(&stored)?;
                 self.last_graph.insert(stored.graph.device, stored);
@@ -304,12 +308,15 @@ impl Session {
 
     fn run_graph(&self, stored: &StoredGraph) -> Result<()> {
         let graph = stored.graph.as_ref();
-        let lock = self
+        let cfg = &self.shared.config;
+        // GRAPH_RECOMPUTE replays a stored graph, which passed
+        // `max_graph_work` at its GRAPH_COMPUTE.
+        let queue = self
             .shared
-            .device_locks
+            .device_queues
             .get(graph.device as usize)
             .ok_or_else(|| RpcError::refused("GRAPH_COMPUTE", "no such device"))?;
-        let _guard = lock.lock().unwrap_or_else(PoisonError::into_inner);
+        let _turn = queue.acquire("GRAPH_COMPUTE", cfg.device_wait)?;
         self.shared
             .backend
             .compute_keyed(graph, self.shared.registry.as_ref(), stored.key)
