@@ -113,6 +113,20 @@ fn start(
     Ok((child, ep))
 }
 
+/// The fields of one CSV line (quoted fields may hold commas).
+fn csv_fields(line: &str) -> Vec<String> {
+    let (mut out, mut cur, mut quoted) = (Vec::new(), String::new(), false);
+    for ch in line.chars() {
+        match ch {
+            '"' => quoted = !quoted,
+            ',' if !quoted => out.push(std::mem::take(&mut cur)),
+            c => cur.push(c),
+        }
+    }
+    out.push(cur);
+    out
+}
+
 /// `(test, tokens/s)` rows of one `llama-bench -o csv` run.
 fn llama_bench(
     bin: &Path,
@@ -136,12 +150,7 @@ fn llama_bench(
     }
     let text = String::from_utf8_lossy(&out.stdout);
     let mut lines = text.lines();
-    let header: Vec<&str> = lines
-        .next()
-        .ok_or("llama-bench printed nothing")?
-        .split(',')
-        .map(|h| h.trim_matches('"'))
-        .collect();
+    let header = csv_fields(lines.next().ok_or("llama-bench printed nothing")?);
     let col = |name: &str| {
         header
             .iter()
@@ -151,8 +160,8 @@ fn llama_bench(
     let (np, ng, ts) = (col("n_prompt")?, col("n_gen")?, col("avg_ts")?);
     let mut rows = Vec::new();
     for line in lines {
-        let f: Vec<&str> = line.split(',').map(|v| v.trim_matches('"')).collect();
-        let get = |i: usize| f.get(i).copied().unwrap_or_default();
+        let f = csv_fields(line);
+        let get = |i: usize| f.get(i).map_or("", String::as_str);
         let test = if get(ng) == "0" {
             format!("pp{}", get(np))
         } else {
@@ -180,12 +189,21 @@ pub fn run(args: &[String]) -> Result<(), String> {
         .map(|n| a.llama_bin.join(n))
         .find(|p| p.is_file())
         .ok_or("no rpc-server")?;
+    // Built exactly as `cargo xtask test` builds transfer-rpc with ggml
+    // (same target directory, GGML_* environment and features), so that
+    // its ggml build is reused: another feature set rebuilds ggml.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+    let dir = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| root.join("target"), PathBuf::from)
+        .join("rpc-upstream");
     let mut build = vec![
         "build",
         "-p",
         "transfer-rpc",
         "--features",
-        "ggml",
+        "upstream-rpc,engine",
         "--bins",
     ];
     build.extend(if a.dev {
@@ -194,13 +212,17 @@ pub fn run(args: &[String]) -> Result<(), String> {
         ["--release", ""]
     });
     build.retain(|s| !s.is_empty());
-    step::cargo("build transfer-rpc-server (ggml)", &build)?;
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| root.join("target"), PathBuf::from)
-        .join(if a.dev { "debug" } else { "release" });
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    step::run(
+        "build transfer-rpc-server (ggml)",
+        Command::new(cargo)
+            .args(&build)
+            .env("GGML_RPC", "ON")
+            .env("GGML_RPC_RDMA", "OFF")
+            .env("GGML_NO_BACKTRACE", "1")
+            .env("CARGO_TARGET_DIR", &dir),
+    )?;
+    let target = dir.join(if a.dev { "debug" } else { "release" });
     let ours = target.join("transfer-rpc-server");
     let model = match &a.model {
         Some(m) => m.clone(),
