@@ -269,8 +269,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
         // test -> [stock samples, ours samples]
         let mut got: BTreeMap<String, [Vec<f64>; 2]> = BTreeMap::new();
         for _ in 0..a.rounds {
-            for side in 0..2 {
-                for (test, v) in llama_bench(&a.llama_bin, &model, &eps[side].join(","), threads)? {
+            for (side, ep) in eps.iter().enumerate() {
+                for (test, v) in llama_bench(&a.llama_bin, &model, &ep.join(","), threads)? {
                     got.entry(test).or_default()[side].push(v);
                 }
             }
