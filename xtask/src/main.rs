@@ -4,6 +4,7 @@
 //! any system package is installed.
 
 mod bench;
+mod bench_llama;
 mod bench_rpc;
 mod bench_vm;
 mod deps;
@@ -41,6 +42,9 @@ commands:
                       the transfer-rpc pipeline over P namespace servers, the
                       coordinator's link shaped (root; --delay with netem, or
                       a user-space delay proxy where the kernel lacks sch_netem)
+  bench llama-rpc [--llama-bin DIR] [--threads default,2,...] [--rounds N] [--model F] [--dev]
+                      unmodified llama-bench --rpc over two of our servers vs two
+                      stock rpc-servers of that llama.cpp build, side by side
   verbs-vm            only the soft-RoCE VM step (transfer-verbs suite, engine link)
   llama-tree [TARGET...]
                       download (PyPI's llama-cpp-python 0.3.36 source archive,
@@ -59,6 +63,9 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("test") => test::run(&args[1..]),
         Some("bench") if args.get(1).is_some_and(|a| a == "rpc") => bench_rpc::run(&args[2..]),
+        Some("bench") if args.get(1).is_some_and(|a| a == "llama-rpc") => {
+            bench_llama::run(&args[2..])
+        }
         Some("bench") => bench::run(&args[1..]),
         // Internal: the bulk transfer `bench rpc` runs between namespace hosts.
         Some("link-probe") => bench_rpc::link_probe::run(&args[1..]),

@@ -16,6 +16,7 @@ use transfer_rpc::protocol::{GraphPayload, RpcTensor};
 use transfer_rpc::server::compute_worker::{CRASH_ENV, CRASH_MARKER};
 use transfer_rpc::server::isolated::{IsolatedBackend, IsolatedConfig};
 use transfer_rpc::server::{ComputeBackend, Server, ServerConfig, ServerHandle};
+use transfer_rpc::validate::GraphLimits;
 
 fn isolated(env: &[(&str, &str)]) -> (ServerHandle, Arc<IsolatedBackend>) {
     let backend = Arc::new(IsolatedBackend::new(IsolatedConfig {
@@ -27,6 +28,7 @@ fn isolated(env: &[(&str, &str)]) -> (ServerHandle, Arc<IsolatedBackend>) {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
+        limits: GraphLimits::default(),
     }));
     let h = Server::bind(
         ServerConfig {
@@ -236,4 +238,151 @@ fn measure_worker_overhead_per_graph() {
         "recompute + round trip, median of 2000: worker {w:.1} us, in-process {i:.1} us, worker adds {:.1} us",
         w - i
     );
+}
+
+fn isolated_with(limits: GraphLimits) -> (ServerHandle, Arc<IsolatedBackend>) {
+    let backend = Arc::new(IsolatedBackend::new(IsolatedConfig {
+        program: env!("CARGO_BIN_EXE_transfer-rpc-compute").into(),
+        devices: 1,
+        threads: 1,
+        timeout: Duration::from_secs(30),
+        env: Vec::new(),
+        limits,
+    }));
+    let h = Server::bind(
+        ServerConfig {
+            bind: "127.0.0.1:0".into(),
+            memory_quota: 64 << 20,
+            max_buffer_size: 64 << 20,
+            graph_limits: limits,
+            ..ServerConfig::default()
+        },
+        Arc::clone(&backend) as Arc<dyn ComputeBackend>,
+    )
+    .unwrap()
+    .spawn()
+    .unwrap();
+    (h, backend)
+}
+
+/// GET_ROWS of `rows` rows (index `i % 16`) from a 4x16 f32 table.
+fn get_rows(c: &mut Client, rows: u32) -> (GraphPayload, RpcTensor) {
+    let (b, base) = alloc(c, 4096);
+    let table = mat(1, b, base, 0, 4, 16);
+    let mut idx = f32_tensor(2, b, base, 512, rows);
+    idx.ty = 26; // I32
+    let mut out = mat(3, b, base, 1024, 4, rows);
+    out.op = 40; // GET_ROWS
+    out.src[0] = 1;
+    out.src[1] = 2;
+    out.flags = 16;
+    let tv: Vec<f32> = (0..64).map(|i| i as f32).collect();
+    c.set_tensor(&table, 0, &f32_bytes(&tv)).unwrap();
+    let iv: Vec<u8> = (0..rows).flat_map(|i| (i % 16).to_le_bytes()).collect();
+    c.set_tensor(&idx, 0, &iv).unwrap();
+    (
+        GraphPayload {
+            device: 0,
+            nodes: vec![3],
+            tensors: vec![table, idx, out.clone()],
+        },
+        out,
+    )
+}
+
+#[test]
+fn the_worker_validates_with_the_servers_limits() {
+    // The server allows 4 index elements per graph (default: 2^24); the
+    // worker, which checks them, must apply the same.
+    let limits = GraphLimits {
+        max_index_elements: 4,
+        ..GraphLimits::default()
+    };
+    let (h, backend) = isolated_with(limits);
+    let mut ok = connect(&h);
+    let (g, out) = get_rows(&mut ok, 4);
+    ok.graph_compute(&g).unwrap();
+    let got = floats(&ok.get_tensor(&out, 0, 64).unwrap());
+    assert_eq!(got[4..8], [4.0, 5.0, 6.0, 7.0]);
+    let mut over = connect(&h);
+    let (g, _) = get_rows(&mut over, 8);
+    over.graph_compute(&g).unwrap();
+    assert!(is_closed(&mut over), "8 index elements were not refused");
+    // A refusal, not a worker failure.
+    assert_eq!(backend.restarts(), 0);
+}
+
+#[test]
+fn a_buffer_freed_while_its_graph_waits_is_that_graphs_error_not_the_workers() {
+    use transfer_rpc::server::BufferRegistry;
+    use transfer_rpc::validate::validate_graph;
+    let registry = Arc::new(BufferRegistry::new(256 << 20));
+    let limits = GraphLimits::default();
+    let backend = Arc::new(IsolatedBackend::new(IsolatedConfig {
+        program: env!("CARGO_BIN_EXE_transfer-rpc-compute").into(),
+        devices: 1,
+        threads: 1,
+        timeout: Duration::from_secs(120),
+        env: Vec::new(),
+        limits,
+    }));
+    // A long graph (a 512^3 product listed 48 times) holds the worker.
+    let side = 512u32;
+    let n = u64::from(side * side * 4);
+    let big = registry.alloc(1, 0, 3 * n).unwrap();
+    let a = mat(1, big.handle, big.base, 0, side, side);
+    let x = mat(2, big.handle, big.base, n, side, side);
+    let mut p = mat(3, big.handle, big.base, 2 * n, side, side);
+    p.op = 29;
+    p.src[0] = 1;
+    p.src[1] = 2;
+    p.flags = 16;
+    let long = GraphPayload {
+        device: 0,
+        nodes: vec![3; 48],
+        tensors: vec![a, x, p],
+    };
+    let long = validate_graph(long, 1, registry.as_ref(), &limits).unwrap();
+    // A small graph on another session's buffer.
+    let small = registry.alloc(2, 0, 4096).unwrap();
+    let x = f32_tensor(1, small.handle, small.base, 0, 8);
+    let y = f32_tensor(2, small.handle, small.base, 64, 8);
+    let mut s = f32_tensor(3, small.handle, small.base, 128, 8);
+    s.op = 2;
+    s.src[0] = 1;
+    s.src[1] = 2;
+    s.flags = 16;
+    let add = GraphPayload {
+        device: 0,
+        nodes: vec![3],
+        tensors: vec![x, y, s],
+    };
+    let add = validate_graph(add, 1, registry.as_ref(), &limits).unwrap();
+    let handle = small.handle;
+    drop(small);
+
+    let (b, r) = (Arc::clone(&backend), Arc::clone(&registry));
+    let first = std::thread::spawn(move || b.compute(&long, r.as_ref()));
+    // The worker is busy with the long graph (seconds; it starts within
+    // milliseconds)...
+    std::thread::sleep(Duration::from_millis(400));
+    // ...when the small graph looks its buffer up and waits for the worker,
+    let (b, r) = (Arc::clone(&backend), Arc::clone(&registry));
+    let second = std::thread::spawn(move || b.compute(&add, r.as_ref()));
+    std::thread::sleep(Duration::from_millis(300));
+    // and its buffer is freed meanwhile.
+    registry.free(2, handle).unwrap();
+    let pid = backend.worker_pids();
+    let refused = second.join().unwrap();
+    first.join().unwrap().unwrap();
+    let e = refused
+        .expect_err("the small graph's buffer is gone")
+        .to_string();
+    println!("{e}");
+    assert!(
+        e.contains("freed") || e.contains("unknown handle"),
+        "unexpected error: {e}"
+    );
+    assert_eq!(backend.restarts(), 0, "the worker was blamed: {e}");
+    assert_eq!(backend.worker_pids(), pid, "the worker was replaced");
 }

@@ -21,6 +21,15 @@ struct Cli {
     /// The device this worker serves (for logs).
     #[arg(long, default_value_t = 0)]
     device_index: usize,
+    /// The server's graph limit: most nodes.
+    #[arg(long)]
+    max_nodes: Option<usize>,
+    /// The server's graph limit: most tensors.
+    #[arg(long)]
+    max_tensors: Option<usize>,
+    /// The server's graph limit: most index elements read.
+    #[arg(long)]
+    max_index_elements: Option<u64>,
 }
 
 fn main() -> ExitCode {
@@ -33,7 +42,11 @@ fn main() -> ExitCode {
     }
     // SAFETY: checked open above; nothing else owns fd 3 here.
     let sock = unsafe { OwnedFd::from_raw_fd(3) };
-    match transfer_rpc::server::compute_worker::serve(sock, cli.devices, cli.threads) {
+    let mut limits = transfer_rpc::validate::GraphLimits::default();
+    limits.max_nodes = cli.max_nodes.unwrap_or(limits.max_nodes);
+    limits.max_tensors = cli.max_tensors.unwrap_or(limits.max_tensors);
+    limits.max_index_elements = cli.max_index_elements.unwrap_or(limits.max_index_elements);
+    match transfer_rpc::server::compute_worker::serve(sock, cli.devices, cli.threads, limits) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("transfer-rpc-compute (device {}): {e}", cli.device_index);

@@ -24,9 +24,9 @@ struct Cli {
     /// Comma-separated devices to expose (each is a slice of host memory).
     #[arg(short, long, default_value = "CPU", value_delimiter = ',')]
     device: Vec<String>,
-    /// Compute threads.
-    #[arg(short, long, default_value_t = 1)]
-    threads: usize,
+    /// Compute threads (default: half the cores, as upstream's rpc-server).
+    #[arg(short, long)]
+    threads: Option<usize>,
     /// Memory quota in MiB (all buffers together).
     #[arg(short, long, default_value_t = 4096)]
     mem: u64,
@@ -102,6 +102,17 @@ struct Cli {
     /// Longest a graph may compute before its worker is killed (seconds).
     #[arg(long, default_value_t = 600)]
     compute_timeout_s: u64,
+    /// Most work one graph may ask for, in estimated element operations
+    /// (output and inputs of each node, times the contracted length for
+    /// matrix products, attention and convolutions); larger graphs are
+    /// refused. The default (2^47) is about a 70B model's forward pass
+    /// over 1,000 tokens.
+    #[arg(long, default_value_t = transfer_rpc::server::fair::DEFAULT_MAX_GRAPH_WORK)]
+    max_graph_work: u64,
+    /// Longest a graph waits for its turn on a device while other
+    /// sessions' graphs run (seconds); then it is refused.
+    #[arg(long, default_value_t = 600)]
+    device_wait_s: u64,
     /// The engine link (only in builds with the `engine` feature, so that
     /// `--help` tells whether this binary can serve ENGINE_*).
     #[cfg(feature = "engine")]
@@ -165,6 +176,7 @@ fn make_backend(cli: &Cli, config: &ServerConfig) -> Result<Arc<dyn ComputeBacke
         threads: config.threads,
         timeout: std::time::Duration::from_secs(cli.compute_timeout_s.max(1)),
         env: Vec::new(),
+        limits: config.graph_limits,
     })))
 }
 
@@ -225,7 +237,11 @@ fn main() -> ExitCode {
         frame_timeout: std::time::Duration::from_secs(cli.frame_timeout_s.max(1)),
         frame_min_rate: cli.frame_min_rate_mib.saturating_mul(1 << 20),
         cache_max_bytes: cli.cache_max_mib.saturating_mul(1 << 20),
-        threads: cli.threads,
+        threads: cli.threads.unwrap_or_else(|| {
+            std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1))
+        }),
+        max_graph_work: cli.max_graph_work,
+        device_wait: std::time::Duration::from_secs(cli.device_wait_s.max(1)),
         cache_dir: cli.cache.clone(),
         extensions: !cli.no_ext,
         peer_allow,

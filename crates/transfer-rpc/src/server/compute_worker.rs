@@ -5,16 +5,19 @@
 //! server and nothing else reaches it; if a kernel crashes it, the server
 //! reports the error to the session that sent the graph and starts another.
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use super::GgmlCpuBackend;
-use super::compute::ComputeBackend;
+use super::compute::{ComputeBackend, KeyedCache};
 use super::host_memory::HostMemory;
 use super::registry::BufferRegistry;
-use super::worker_ipc::{Receiver, TAG_COMPUTE, TAG_MAP, TAG_RESULT, TAG_UNMAP, send, u64_at};
+use super::worker_ipc::{
+    RESULT_ERROR, RESULT_NOT_HELD, RESULT_OK, Receiver, TAG_COMPUTE, TAG_MAP, TAG_RESULT, TAG_RUN,
+    TAG_UNMAP, send, u64_at,
+};
 use crate::error::{Result, RpcError};
 use crate::protocol::GraphPayload;
-use crate::validate::{GraphLimits, validate_graph};
+use crate::validate::{GraphLimits, ValidatedGraph, validate_graph};
 
 /// Environment variable that arms [`CRASH_MARKER`] (tests only).
 pub const CRASH_ENV: &str = "TRANSFER_RPC_TEST_CRASH";
@@ -28,28 +31,85 @@ fn io(call: &'static str, e: std::io::Error) -> RpcError {
     RpcError::io(call, e)
 }
 
-fn compute(
-    body: &[u8],
-    devices: u32,
-    registry: &BufferRegistry,
-    backend: &GgmlCpuBackend,
-    limits: &GraphLimits,
-    crash_armed: bool,
-) -> Result<()> {
-    let g = GraphPayload::decode(body)?;
-    if crash_armed && g.tensors.iter().any(|t| t.name.starts_with(CRASH_MARKER)) {
-        std::process::abort();
-    }
-    let graph = validate_graph(g, devices, registry, limits)?;
-    backend.compute(&graph, registry)
+/// A graph the worker validated, kept for RUN.
+struct Kept {
+    graph: ValidatedGraph,
+    /// The worker registry's `removals` when validated.
+    removals: u64,
 }
 
-/// Serves the server on `sock` until it closes the socket.
-pub fn serve(sock: OwnedFd, devices: u32, threads: usize) -> Result<()> {
-    let limits = GraphLimits::default();
+struct Worker<'a> {
+    devices: u32,
+    registry: &'a BufferRegistry,
+    backend: &'a GgmlCpuBackend,
+    limits: &'a GraphLimits,
+    crash_armed: bool,
+    kept: KeyedCache<Kept>,
+}
+
+impl Worker<'_> {
+    /// COMPUTE: `key u64 | payload`.
+    fn compute(&mut self, body: &[u8]) -> Result<()> {
+        let key = u64_at(body, 0)
+            .ok_or_else(|| RpcError::malformed("compute worker: COMPUTE", "short"))?;
+        let g = GraphPayload::decode(body.get(8..).unwrap_or_default())?;
+        if self.crash_armed && g.tensors.iter().any(|t| t.name.starts_with(CRASH_MARKER)) {
+            std::process::abort();
+        }
+        let removals = self.registry.removals();
+        let graph = validate_graph(g, self.devices, self.registry, self.limits)?;
+        self.backend.compute_keyed(&graph, self.registry, key)?;
+        if key != 0 {
+            let n = graph.tensors.len();
+            self.kept
+                .put(key, Kept { graph, removals }, n, self.limits.max_tensors);
+        }
+        Ok(())
+    }
+
+    /// RUN: `key u64`; `None` when the graph is not kept (any more).
+    fn run(&mut self, body: &[u8]) -> Option<Result<()>> {
+        let key = u64_at(body, 0)?;
+        let kept = self.kept.take(key)?;
+        // A buffer unmapped or replaced since: validate again (COMPUTE).
+        if kept.removals != self.registry.removals() {
+            return None;
+        }
+        let result = self.backend.compute_keyed(&kept.graph, self.registry, key);
+        if result.is_ok() {
+            let n = kept.graph.tensors.len();
+            self.kept.put(key, kept, n, self.limits.max_tensors);
+        }
+        Some(result)
+    }
+}
+
+fn answer(sock: BorrowedFd<'_>, result: Option<Result<()>>) -> Result<()> {
+    let answer = match result {
+        Some(Ok(())) => vec![RESULT_OK],
+        Some(Err(e)) => {
+            let mut a = vec![RESULT_ERROR];
+            a.extend_from_slice(e.to_string().as_bytes());
+            a
+        }
+        None => vec![RESULT_NOT_HELD],
+    };
+    send(sock, TAG_RESULT, &answer, None).map_err(|e| io("compute worker: answer", e))
+}
+
+/// Serves the server on `sock` until it closes the socket. `limits` are
+/// the server's graph limits (the worker validates with the same).
+pub fn serve(sock: OwnedFd, devices: u32, threads: usize, limits: GraphLimits) -> Result<()> {
     let registry = BufferRegistry::new(u64::MAX);
     let backend = GgmlCpuBackend::new(devices, threads, limits);
-    let crash_armed = std::env::var(CRASH_ENV).is_ok_and(|v| v == "1");
+    let mut worker = Worker {
+        devices,
+        registry: &registry,
+        backend: &backend,
+        limits: &limits,
+        crash_armed: std::env::var(CRASH_ENV).is_ok_and(|v| v == "1"),
+        kept: KeyedCache::default(),
+    };
     let mut rx = Receiver::default();
     loop {
         let (tag, body) = match rx.recv(sock.as_fd()) {
@@ -76,18 +136,13 @@ pub fn serve(sock: OwnedFd, devices: u32, threads: usize) -> Result<()> {
             }
             TAG_UNMAP => {
                 if let Some(h) = u64_at(&body, 0) {
-                    registry.remove_mapped(h);
+                    if registry.remove_mapped(h) {
+                        backend.buffers_freed();
+                    }
                 }
             }
-            TAG_COMPUTE => {
-                let result = compute(&body, devices, &registry, &backend, &limits, crash_armed);
-                let mut answer = vec![u8::from(result.is_ok())];
-                if let Err(e) = result {
-                    answer.extend_from_slice(e.to_string().as_bytes());
-                }
-                send(sock.as_fd(), TAG_RESULT, &answer, None)
-                    .map_err(|e| io("compute worker: answer", e))?;
-            }
+            TAG_COMPUTE => answer(sock.as_fd(), Some(worker.compute(&body)))?,
+            TAG_RUN => answer(sock.as_fd(), worker.run(&body))?,
             other => {
                 return Err(RpcError::malformed(
                     "compute worker",

@@ -66,6 +66,12 @@ pub struct ServerConfig {
     pub limits: Limits,
     /// Graph size limits.
     pub graph_limits: GraphLimits,
+    /// Most work one graph may ask for, in estimated element operations
+    /// ([`super::fair::graph_work`]); larger graphs are refused.
+    pub max_graph_work: u64,
+    /// Longest a graph waits for its turn on a device (other sessions'
+    /// graphs ahead of it) before it is refused.
+    pub device_wait: Duration,
     /// Serve the extension (EXT_QUERY, COPY_TENSOR_TO, PEER_BARRIER). When
     /// false the server behaves like upstream: those bytes close the
     /// connection.
@@ -126,6 +132,8 @@ impl Default for ServerConfig {
             cache_max_bytes: 16 << 30,
             limits: Limits::default(),
             graph_limits: GraphLimits::default(),
+            max_graph_work: super::fair::DEFAULT_MAX_GRAPH_WORK,
+            device_wait: Duration::from_secs(600),
             extensions: true,
             peer_allow: PeerAllow::default(),
             peer_connect_timeout: Duration::from_secs(5),

@@ -1,7 +1,9 @@
 //! Command handlers of a session.
 
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 
+use super::compute::{StoredGraph, next_graph_key};
+use super::fair::{check_work, graph_work};
 use super::session::Session;
 use crate::error::{Result, RpcError};
 use crate::protocol::hello::{ExtInfo, HelloResponse};
@@ -203,26 +205,38 @@ impl Session {
                 Session::respond(Response::Status(1))
             }
             Request::GraphCompute(g) => {
+                let removals = reg.removals();
                 let graph = validate_graph(*g, cfg.devices, reg.as_ref(), &cfg.graph_limits)?;
-                let graph = Arc::new(graph);
+                let work = graph_work(&graph);
+                check_work("GRAPH_COMPUTE", work, cfg.max_graph_work)?;
+                let stored = StoredGraph {
+                    graph: Arc::new(graph),
+                    key: next_graph_key(),
+                    removals,
+                    work,
+                };
                 // Kept for GRAPH_RECOMPUTE: counted before it runs.
-                let held = self.hold_graph(&graph)?;
-                self.run_graph(&graph)?;
-                self.last_graph_held.insert(graph.device, held);
-                self.last_graph.insert(graph.device, graph);
+                let held = self.hold_graph(&stored.graph)?;
+                self.run_graph(&stored)?;
+                self.last_graph_held.insert(stored.graph.device, held);
+                self.last_graph.insert(stored.graph.device, stored);
                 Ok(None)
             }
             Request::GraphRecompute { device } => {
                 self.check_device("GRAPH_RECOMPUTE", device)?;
-                let graph =
+                let stored =
                     self.last_graph.get(&device).cloned().ok_or_else(|| {
                         RpcError::refused("GRAPH_RECOMPUTE", "no graph to recompute")
                     })?;
-                // Buffers may have been freed since: re-check every tensor.
-                for t in &graph.tensors {
-                    self.tensor("GRAPH_RECOMPUTE", t)?;
+                // Buffers may have been freed since: re-check every tensor
+                // unless none was (the compute then finds each buffer again
+                // under its lock, and fails cleanly if one went meanwhile).
+                if reg.removals() != stored.removals {
+                    for t in &stored.graph.tensors {
+                        self.tensor("GRAPH_RECOMPUTE", t)?;
+                    }
                 }
-                self.run_graph(&graph)?;
+                self.run_graph(&stored)?;
                 Ok(None)
             }
             Request::GetDeviceMemory { device } => {
@@ -327,15 +341,19 @@ impl Session {
         ))
     }
 
-    fn run_graph(&self, graph: &crate::validate::ValidatedGraph) -> Result<()> {
-        let lock = self
+    fn run_graph(&self, stored: &StoredGraph) -> Result<()> {
+        let graph = stored.graph.as_ref();
+        let cfg = &self.shared.config;
+        // GRAPH_RECOMPUTE replays a stored graph, which passed
+        // `max_graph_work` at its GRAPH_COMPUTE.
+        let queue = self
             .shared
-            .device_locks
+            .device_queues
             .get(graph.device as usize)
             .ok_or_else(|| RpcError::refused("GRAPH_COMPUTE", "no such device"))?;
-        let _guard = lock.lock().unwrap_or_else(PoisonError::into_inner);
+        let _turn = queue.acquire("GRAPH_COMPUTE", cfg.device_wait)?;
         self.shared
             .backend
-            .compute(graph, self.shared.registry.as_ref())
+            .compute_keyed(graph, self.shared.registry.as_ref(), stored.key)
     }
 }

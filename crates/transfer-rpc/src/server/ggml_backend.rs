@@ -13,6 +13,10 @@
 //! graph: the nodes before run first, then the indices are checked, then
 //! the rest runs.
 //!
+//! The ggml tensors of a graph are built once and kept (bounded, by the
+//! key of the session's stored graph) while its buffers stay where they
+//! were: GRAPH_RECOMPUTE reruns them, with every index check done again.
+//!
 //! The buffer write locks are taken before the first check and released
 //! after the last node, so no other session's SET_TENSOR, SET_TENSOR_HASH,
 //! MEMSET_TENSOR, BUFFER_CLEAR or COPY_TENSOR (nor a peer's direct copy,
@@ -30,7 +34,7 @@ use std::sync::{Mutex, PoisonError};
 
 use llama_cpp_sys_2 as sys;
 
-use super::compute::ComputeBackend;
+use super::compute::{ComputeBackend, KeyedCache};
 use super::registry::{BufferRegistry, LockedMemory};
 use crate::error::{Result, RpcError};
 use crate::validate::op_shapes::check_graph_ops;
@@ -61,10 +65,17 @@ impl Drop for BackendPtr {
     }
 }
 
+/// One device: its ggml backend and the graphs prepared on it.
+#[derive(Default)]
+struct Device {
+    backend: Option<BackendPtr>,
+    prepared: KeyedCache<Prepared>,
+}
+
 /// ggml's CPU backend, one instance per device, created on first use.
 pub struct GgmlCpuBackend {
     threads: i32,
-    devices: Vec<Mutex<Option<BackendPtr>>>,
+    devices: Vec<Mutex<Device>>,
     limits: GraphLimits,
 }
 
@@ -79,7 +90,9 @@ impl GgmlCpuBackend {
     pub fn new(devices: u32, threads: usize, limits: GraphLimits) -> Self {
         GgmlCpuBackend {
             threads: i32::try_from(threads.max(1)).unwrap_or(1),
-            devices: (0..devices.max(1)).map(|_| Mutex::new(None)).collect(),
+            devices: (0..devices.max(1))
+                .map(|_| Mutex::new(Device::default()))
+                .collect(),
             limits,
         }
     }
@@ -250,19 +263,59 @@ impl PinnedIndices {
     }
 }
 
+/// A graph turned into ggml tensors once, kept for GRAPH_RECOMPUTE (upstream
+/// keeps its ggml graph the same way): the context with one tensor per
+/// record, the ggml buffers wrapping the locked memory they point into, and
+/// where that memory was. Valid while no buffer was removed from the
+/// registry and every buffer is still at the address it was built for.
+struct Prepared {
+    /// Owns (frees on drop) the context and the wrappers.
+    _objects: Scratch,
+    ptrs: Vec<*mut sys::ggml_tensor>,
+    /// `BufferRegistry::removals` when built.
+    removals: u64,
+    /// Each buffer's address when built.
+    memory: Vec<(u64, usize)>,
+    /// Tensor records (the cache's memory bound counts them).
+    tensors: usize,
+}
+
+// SAFETY: the ggml objects are only touched by the thread that holds the
+// device's mutex, which owns the cache.
+unsafe impl Send for Prepared {}
+
+impl Prepared {
+    fn still_valid(&self, removals: u64, mem: &HashMap<u64, LockedMemory>) -> bool {
+        self.removals == removals
+            && self.memory.len() == mem.len()
+            && self
+                .memory
+                .iter()
+                .all(|(h, p)| mem.get(h).is_some_and(|m| m.ptr as usize == *p))
+    }
+}
+
 impl ComputeBackend for GgmlCpuBackend {
     fn name(&self) -> &str {
         "ggml-cpu"
     }
 
     fn compute(&self, graph: &ValidatedGraph, memory: &BufferRegistry) -> Result<()> {
-        check_graph_ops(graph)?;
+        self.compute_keyed(graph, memory, 0)
+    }
+
+    fn compute_keyed(
+        &self,
+        graph: &ValidatedGraph,
+        memory: &BufferRegistry,
+        key: u64,
+    ) -> Result<()> {
         let slot = self
             .devices
             .get(graph.device as usize)
             .ok_or_else(|| RpcError::refused(CALL, "no such device"))?;
-        let mut backend = slot.lock().unwrap_or_else(PoisonError::into_inner);
-        if backend.is_none() {
+        let mut dev = slot.lock().unwrap_or_else(PoisonError::into_inner);
+        if dev.backend.is_none() {
             // SAFETY: plain constructor; null is checked below.
             let b = unsafe { sys::ggml_backend_cpu_init() };
             if b.is_null() {
@@ -270,51 +323,73 @@ impl ComputeBackend for GgmlCpuBackend {
             }
             // SAFETY: b is a live CPU backend.
             unsafe { sys::ggml_backend_cpu_set_n_threads(b, self.threads) };
-            *backend = Some(BackendPtr(b));
+            dev.backend = Some(BackendPtr(b));
         }
-        let Some(be) = backend.as_ref().map(|b| b.0) else {
+        let Some(be) = dev.backend.as_ref().map(|b| b.0) else {
             return fail("no backend");
         };
-        let handles: Vec<u64> = graph
-            .checked
-            .iter()
-            .filter_map(|c| c.placement.map(|(r, _)| r.handle))
-            .collect();
-        memory.with_locked(CALL, &handles, |mem| self.run(be, graph, mem))?
+        let removals = memory.removals();
+        let cached = (key != 0).then(|| dev.prepared.take(key)).flatten();
+        let handles = match &cached {
+            Some(p) => p.memory.iter().map(|&(h, _)| h).collect(),
+            None => {
+                check_graph_ops(graph)?;
+                let mut hs: Vec<u64> = graph
+                    .checked
+                    .iter()
+                    .filter_map(|c| c.placement.map(|(r, _)| r.handle))
+                    .collect();
+                hs.sort_unstable();
+                hs.dedup();
+                hs
+            }
+        };
+        let limit = self.limits.max_tensors;
+        memory.with_locked(CALL, &handles, |mem| {
+            let prepared = match cached {
+                Some(p) if p.still_valid(removals, mem) => p,
+                // Built again when a buffer went or moved (its ops were
+                // checked when it was first built).
+                _ => self.build(be, graph, mem, removals)?,
+            };
+            self.run(be, graph, mem, &prepared)?;
+            // Only a graph that ran cleanly is kept (a failed run may have
+            // left an index node pointing at its dropped private copy).
+            if key != 0 {
+                let n = prepared.tensors;
+                dev.prepared.put(key, prepared, n, limit);
+            }
+            Ok(())
+        })?
+    }
+
+    fn buffers_freed(&self) {
+        for d in &self.devices {
+            // A busy device drops stale entries when it next looks them up.
+            if let Ok(mut dev) = d.try_lock() {
+                dev.prepared.clear();
+            }
+        }
     }
 }
 
 impl GgmlCpuBackend {
-    fn run(
+    /// Builds the ggml tensors of `g` over the locked memory.
+    fn build(
         &self,
         be: sys::ggml_backend_t,
         g: &ValidatedGraph,
         mem: &HashMap<u64, LockedMemory>,
-    ) -> Result<()> {
+        removals: u64,
+    ) -> Result<Prepared> {
         let n = g.tensors.len();
-        let segments = g.deferred_index_checks.len() + 1;
-        let index_nodes = g.upfront_index_checks.len() + g.deferred_index_checks.len();
-        // SAFETY: pure size computations.
+        // SAFETY: pure size computation.
         let mem_size =
-            unsafe {
-                n.saturating_add(index_nodes)
-                    .saturating_mul(sys::ggml_tensor_overhead())
-                    .saturating_add(segments.saturating_mul(sys::ggml_graph_overhead_custom(
-                        g.nodes.len().max(1),
-                        false,
-                    )))
-                    .saturating_add(1 << 16)
-            };
+            unsafe { n.saturating_mul(sys::ggml_tensor_overhead()) }.saturating_add(1 << 16);
         let params = sys::ggml_init_params {
             mem_size,
             mem_buffer: std::ptr::null_mut(),
             no_alloc: true,
-        };
-        // Declared before `scratch`, so dropped after the ggml buffers that
-        // wrap these copies.
-        let mut pinned = PinnedIndices {
-            copies: Vec::new(),
-            elements_left: self.limits.max_index_elements,
         };
         // SAFETY: ggml_init with no_alloc only allocates its own arena; null checked.
         let ctx = unsafe { sys::ggml_init(params) };
@@ -327,8 +402,9 @@ impl GgmlCpuBackend {
         }
         let mut wrapped: HashMap<u64, sys::ggml_backend_buffer_t> = HashMap::new();
         for (&h, m) in mem {
-            // SAFETY: m.ptr/m.len describe a live, 64-byte aligned, write-locked
-            // allocation that outlives the wrapper (freed in Scratch::drop first).
+            // SAFETY: m.ptr/m.len describe a live, 64-byte aligned allocation
+            // that outlives the wrapper: the wrapper is used only while the
+            // buffer is locked and still at this address (`still_valid`).
             let b = unsafe { sys::ggml_backend_cpu_buffer_from_ptr(m.ptr.cast::<c_void>(), m.len) };
             if b.is_null() {
                 return fail("ggml_backend_cpu_buffer_from_ptr failed");
@@ -412,17 +488,75 @@ impl GgmlCpuBackend {
                 ));
             }
         }
+        Ok(Prepared {
+            _objects: scratch,
+            ptrs,
+            removals,
+            memory: mem.iter().map(|(&h, m)| (h, m.ptr as usize)).collect(),
+            tensors: n,
+        })
+    }
 
+    /// Runs the nodes of a prepared graph: index checks against the locked
+    /// memory first (and between segments), every time.
+    fn run(
+        &self,
+        be: sys::ggml_backend_t,
+        g: &ValidatedGraph,
+        mem: &HashMap<u64, LockedMemory>,
+        prepared: &Prepared,
+    ) -> Result<()> {
+        let segments = g.deferred_index_checks.len() + 1;
+        let index_nodes = g.upfront_index_checks.len() + g.deferred_index_checks.len();
+        // This run's ggml objects (its graphs and the private index
+        // copies' tensors) live in their own context, so that a prepared
+        // graph's context never grows.
+        // SAFETY: pure size computations.
+        let mem_size =
+            unsafe {
+                index_nodes
+                    .saturating_mul(sys::ggml_tensor_overhead())
+                    .saturating_add(segments.saturating_mul(sys::ggml_graph_overhead_custom(
+                        g.nodes.len().max(1),
+                        false,
+                    )))
+                    .saturating_add(1 << 12)
+            };
+        let params = sys::ggml_init_params {
+            mem_size,
+            mem_buffer: std::ptr::null_mut(),
+            no_alloc: true,
+        };
+        // Declared before `scratch`, so dropped after the ggml buffers that
+        // wrap these copies.
+        let mut pinned = PinnedIndices {
+            copies: Vec::new(),
+            elements_left: self.limits.max_index_elements,
+        };
+        // SAFETY: ggml_init with no_alloc only allocates its own arena; null checked.
+        let ctx = unsafe { sys::ggml_init(params) };
+        let mut scratch = Scratch {
+            ctx,
+            buffers: Vec::new(),
+        };
+        if ctx.is_null() {
+            return fail("ggml_init failed");
+        }
+        let ptrs = &prepared.ptrs;
         let lookup = LockedLookup {
             mem,
-            regions: g
-                .checked
-                .iter()
-                .filter_map(|c| c.placement.map(|(r, _)| (r.handle, r)))
-                .collect(),
+            // Only index checks look buffers up (most graphs have none).
+            regions: if index_nodes == 0 {
+                HashMap::new()
+            } else {
+                g.checked
+                    .iter()
+                    .filter_map(|c| c.placement.map(|(r, _)| (r.handle, r)))
+                    .collect()
+            },
         };
         for &node in &g.upfront_index_checks {
-            pinned.pin(g, node, &lookup, &self.limits, ctx, &ptrs, &mut scratch)?;
+            pinned.pin(g, node, &lookup, &self.limits, ctx, ptrs, &mut scratch)?;
         }
         // Positions, not nodes: a node listed twice may need its indices
         // checked (and re-pinned) before each run.
@@ -432,7 +566,7 @@ impl GgmlCpuBackend {
         let mut start = 0usize;
         for end in cuts.iter().copied().chain(std::iter::once(g.nodes.len())) {
             if end > start {
-                self.compute_range(be, ctx, &ptrs, &g.nodes[start..end])?;
+                self.compute_range(be, ctx, ptrs, &g.nodes[start..end])?;
                 start = end;
             }
             if end < g.nodes.len() {
@@ -442,7 +576,7 @@ impl GgmlCpuBackend {
                     &lookup,
                     &self.limits,
                     ctx,
-                    &ptrs,
+                    ptrs,
                     &mut scratch,
                 )?;
             }

@@ -10,7 +10,12 @@
 //! freed, so no bytes are copied for a compute. The server validates the
 //! graph, write-locks its buffers, sends the graph, and waits for the
 //! answer; the worker validates again against its own view and runs it on
-//! ggml-cpu. If the worker dies (abort, fault) or overruns the compute
+//! ggml-cpu. The worker keeps the graphs it validated (bounded, by the
+//! key of the session's stored graph): GRAPH_RECOMPUTE sends only the key,
+//! and the worker reruns its validated graph and its ggml tensors, with
+//! the index checks done again (upstream's RECOMPUTE reuses its graph the
+//! same way; each RECOMPUTE re-encoded, re-sent and re-validated the graph
+//! before: ~1 ms for a 300-node graph, see `tests/graph_overhead.rs`). If the worker dies (abort, fault) or overruns the compute
 //! timeout, it is killed and reaped, the session that sent the graph gets
 //! an error (its connection closes, as for any refused graph), and the
 //! next graph starts a fresh worker. Computes on one device are serialised
@@ -33,10 +38,13 @@ use std::time::Duration;
 
 use super::compute::ComputeBackend;
 use super::registry::{Buffer, BufferRegistry};
-use super::worker_ipc::{Receiver, TAG_COMPUTE, TAG_MAP, TAG_RESULT, TAG_UNMAP, send};
+use super::worker_ipc::{
+    RESULT_NOT_HELD, RESULT_OK, Receiver, TAG_COMPUTE, TAG_MAP, TAG_RESULT, TAG_RUN, TAG_UNMAP,
+    send,
+};
 use crate::error::{Result, RpcError};
 use crate::protocol::GraphPayload;
-use crate::validate::ValidatedGraph;
+use crate::validate::{GraphLimits, ValidatedGraph};
 
 const CALL: &str = "GRAPH_COMPUTE (worker)";
 
@@ -60,6 +68,26 @@ pub struct IsolatedConfig {
     pub timeout: Duration,
     /// Extra environment for the workers.
     pub env: Vec<(String, String)>,
+    /// The server's graph limits (the workers validate with the same).
+    pub limits: GraphLimits,
+}
+
+/// libgomp's wait for the worker's compute threads, unless the operator
+/// set one: spin about 10,000 rounds (well under a millisecond) before
+/// sleeping, instead of libgomp's 300,000 (milliseconds). The barriers
+/// inside a graph are microseconds apart and stay spinning; between
+/// graphs, threads that spin for milliseconds take the cores the server,
+/// the client and the next pipeline stage need. Measured on this 2-core
+/// machine under load (`compute_isolation`, set+compute+get of a small
+/// matmul, 2 threads): 57 ms per graph with libgomp's default, 0.9 ms
+/// with 10,000, 0.25 ms passive.
+fn omp_wait_default() -> Vec<(&'static str, &'static str)> {
+    let set = |k: &str| std::env::var_os(k).is_some();
+    if set("OMP_WAIT_POLICY") || set("GOMP_SPINCOUNT") {
+        Vec::new()
+    } else {
+        vec![("GOMP_SPINCOUNT", "10000")]
+    }
 }
 
 struct Worker {
@@ -83,8 +111,15 @@ impl Worker {
             &cfg.threads.to_string(),
             "--device-index",
             &device.to_string(),
+            "--max-nodes",
+            &cfg.limits.max_nodes.to_string(),
+            "--max-tensors",
+            &cfg.limits.max_tensors.to_string(),
+            "--max-index-elements",
+            &cfg.limits.max_index_elements.to_string(),
         ])
         .envs(cfg.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .envs(omp_wait_default())
         .stdin(Stdio::null())
         .stdout(Stdio::null());
         // SAFETY: runs in the child between fork and exec and calls only
@@ -158,17 +193,53 @@ impl Worker {
         Ok(())
     }
 
-    fn compute(&mut self, payload: &[u8]) -> std::io::Result<std::result::Result<(), String>> {
-        send(self.sock.as_fd(), TAG_COMPUTE, payload, None)?;
+    /// Sends one request and reads its RESULT: `Ok(None)` when the worker
+    /// no longer keeps the graph a RUN named.
+    fn request(
+        &mut self,
+        tag: u8,
+        body: &[u8],
+    ) -> std::io::Result<Option<std::result::Result<(), String>>> {
+        send(self.sock.as_fd(), tag, body, None)?;
         let (tag, body) = self.rx.recv(self.sock.as_fd())?;
         if tag != TAG_RESULT || body.is_empty() {
             return Err(std::io::Error::other("unexpected answer from the worker"));
         }
-        Ok(if body.first() == Some(&1) {
-            Ok(())
-        } else {
-            Err(String::from_utf8_lossy(body.get(1..).unwrap_or_default()).into_owned())
+        Ok(match body.first() {
+            Some(&RESULT_OK) => Some(Ok(())),
+            Some(&RESULT_NOT_HELD) => None,
+            _ => Some(Err(String::from_utf8_lossy(
+                body.get(1..).unwrap_or_default(),
+            )
+            .into_owned())),
         })
+    }
+
+    /// Runs `graph`: by key alone when the worker still keeps it (no
+    /// encoding, no second validation), else the whole graph.
+    fn compute(
+        &mut self,
+        graph: &ValidatedGraph,
+        key: u64,
+    ) -> std::io::Result<std::result::Result<(), String>> {
+        if key != 0 {
+            if let Some(done) = self.request(TAG_RUN, &key.to_le_bytes())? {
+                return Ok(done);
+            }
+        }
+        let payload = GraphPayload {
+            device: graph.device,
+            nodes: graph
+                .nodes
+                .iter()
+                .filter_map(|&i| graph.tensors.get(i).map(|t| t.id))
+                .collect(),
+            tensors: graph.tensors.clone(),
+        };
+        let mut body = key.to_le_bytes().to_vec();
+        body.extend_from_slice(&payload.encode());
+        self.request(TAG_COMPUTE, &body)?
+            .ok_or_else(|| std::io::Error::other("the worker did not run a COMPUTE"))
     }
 
     /// Kills and reaps the worker; describes how it ended.
@@ -215,6 +286,14 @@ impl std::fmt::Debug for IsolatedBackend {
 }
 
 impl IsolatedBackend {
+    /// The worker in `slot` failed: kill and reap it, count it, and refuse
+    /// the graph that was running.
+    fn lost(&self, slot: &mut Option<Worker>, io: &str) -> Result<()> {
+        let ended = slot.take().map(Worker::end).unwrap_or_default();
+        self.restarts.fetch_add(1, Ordering::Relaxed);
+        fail(format!("{ended} ({io}); the next graph starts a new one"))
+    }
+
     /// Workers started from `config` (lazily, one per device).
     pub fn new(config: IsolatedConfig) -> Self {
         let n = config.devices.max(1) as usize;
@@ -250,6 +329,15 @@ impl ComputeBackend for IsolatedBackend {
     }
 
     fn compute(&self, graph: &ValidatedGraph, registry: &BufferRegistry) -> Result<()> {
+        self.compute_keyed(graph, registry, 0)
+    }
+
+    fn compute_keyed(
+        &self,
+        graph: &ValidatedGraph,
+        registry: &BufferRegistry,
+        key: u64,
+    ) -> Result<()> {
         let mut handles: Vec<u64> = graph
             .checked
             .iter()
@@ -265,16 +353,6 @@ impl ComputeBackend for IsolatedBackend {
                     .ok_or_else(|| RpcError::refused(CALL, format!("unknown handle {h:#x}")))
             })
             .collect::<Result<Vec<_>>>()?;
-        let payload = GraphPayload {
-            device: graph.device,
-            nodes: graph
-                .nodes
-                .iter()
-                .filter_map(|&i| graph.tensors.get(i).map(|t| t.id))
-                .collect(),
-            tensors: graph.tensors.clone(),
-        }
-        .encode();
         let slot = self
             .devices
             .get(graph.device as usize)
@@ -286,26 +364,35 @@ impl ComputeBackend for IsolatedBackend {
         let Some(worker) = slot.as_mut() else {
             return fail("no worker");
         };
-        let outcome = worker
+        if let Err(io) = worker
             .prune(Some(registry))
             .and_then(|()| buffers.iter().try_for_each(|b| worker.map(b)))
-            .map_err(|e| e.to_string())
-            .and_then(|()| {
-                // The buffers stay write-locked while the worker computes,
-                // as for in-process compute.
+        {
+            return self.lost(&mut slot, &io.to_string());
+        }
+        // The buffers stay write-locked while the worker computes, as for
+        // in-process compute. A buffer freed since it was looked up (or
+        // replaced under its handle) is this request's error, not the
+        // worker's: the worker has mapped what was looked up.
+        let ran = registry.with_locked(CALL, &handles, |_| {
+            let same = buffers.iter().all(|b| {
                 registry
-                    .with_locked(CALL, &handles, |_| worker.compute(&payload))
-                    .map_err(|e| e.to_string())?
-                    .map_err(|e| e.to_string())
+                    .get(b.handle)
+                    .is_some_and(|live| Arc::ptr_eq(&live, b))
             });
-        match outcome {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(reason)) => fail(reason),
-            Err(io) => {
-                let ended = slot.take().map(Worker::end).unwrap_or_default();
-                self.restarts.fetch_add(1, Ordering::Relaxed);
-                fail(format!("{ended} ({io}); the next graph starts a new one"))
+            if !same {
+                return Ok(Err(
+                    "a buffer of the graph was freed while it was being sent".to_string(),
+                ));
             }
+            worker.compute(graph, key)
+        });
+        match ran {
+            // Freed before its lock was taken.
+            Err(refused) => Err(refused),
+            Ok(Ok(Ok(()))) => Ok(()),
+            Ok(Ok(Err(reason))) => fail(reason),
+            Ok(Err(io)) => self.lost(&mut slot, &io.to_string()),
         }
     }
 

@@ -7,8 +7,8 @@
 //! frame once it has started. Sessions share one
 //! [`BufferRegistry`]; each owns the buffers it allocated and frees them on
 //! disconnect. Bad input closes only its own connection, with a logged
-//! reason. One execution lock per device is held only around compute, never
-//! while talking to another server.
+//! reason. Sessions take turns on a device graph by graph ([`fair`]), and a
+//! device is held only around compute, never while talking to another server.
 
 pub mod admission;
 pub mod budget;
@@ -18,6 +18,7 @@ pub mod compute;
 pub mod compute_worker;
 pub mod config;
 mod dispatch;
+pub mod fair;
 #[cfg(feature = "ggml")]
 pub mod ggml_backend;
 pub mod host_memory;
@@ -54,8 +55,8 @@ pub struct Shared {
     pub registry: Arc<BufferRegistry>,
     /// Graph compute.
     pub backend: Arc<dyn ComputeBackend>,
-    /// One execution lock per device.
-    pub device_locks: Vec<Mutex<()>>,
+    /// One first-come, first-served queue per device ([`fair`]).
+    pub device_queues: Vec<fair::DeviceQueue>,
     /// SET_TENSOR_HASH cache.
     pub cache: Option<HashCache>,
     stop: AtomicBool,
@@ -131,7 +132,9 @@ impl Server {
                 },
             )),
             backend,
-            device_locks: (0..config.devices).map(|_| Mutex::new(())).collect(),
+            device_queues: (0..config.devices)
+                .map(|_| fair::DeviceQueue::default())
+                .collect(),
             cache,
             stop: AtomicBool::new(false),
             next_session: AtomicU64::new(1),

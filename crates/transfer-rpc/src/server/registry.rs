@@ -84,6 +84,8 @@ struct Inner {
     next_base: u64,
     /// Live buffers per owning session.
     per_owner: HashMap<u64, usize>,
+    /// Buffers removed (freed, or replaced under their handle) so far.
+    removals: u64,
 }
 
 /// How many buffers may live at once. Every buffer holds a memfd (one
@@ -165,6 +167,7 @@ impl BufferRegistry {
                 used: 0,
                 next_base: FIRST_BASE,
                 per_owner: HashMap::new(),
+                removals: 0,
             }),
             quota,
             limits,
@@ -302,12 +305,25 @@ impl BufferRegistry {
             charged: 0,
             data: RwLock::new(memory),
         });
-        self.lock().buffers.insert(handle, buf);
+        let mut inner = self.lock();
+        if inner.buffers.insert(handle, buf).is_some() {
+            inner.removals += 1;
+        }
     }
 
     /// Drops a buffer added by [`BufferRegistry::insert_mapped`].
     pub fn remove_mapped(&self, handle: u64) -> bool {
-        self.lock().buffers.remove(&handle).is_some()
+        let mut inner = self.lock();
+        let removed = inner.buffers.remove(&handle).is_some();
+        inner.removals += u64::from(removed);
+        removed
+    }
+
+    /// How many buffers were removed so far: while it is unchanged, every
+    /// buffer that was live when a graph was validated still is, so the
+    /// graph's placements still hold.
+    pub fn removals(&self) -> u64 {
+        self.lock().removals
     }
 
     /// The live buffer with this handle.
@@ -332,6 +348,7 @@ impl BufferRegistry {
                 inner.buffers.remove(&handle);
                 inner.used = inner.used.saturating_sub(charged);
                 forget_owned(&mut inner.per_owner, owner, 1);
+                inner.removals += 1;
                 Ok(())
             }
         }
@@ -352,6 +369,7 @@ impl BufferRegistry {
         inner.used = inner.used.saturating_sub(freed);
         let n = before - inner.buffers.len();
         forget_owned(&mut inner.per_owner, owner, n);
+        inner.removals += n as u64;
         n
     }
 

@@ -36,7 +36,7 @@ pub struct Session {
     pub(super) shared: Arc<Shared>,
     pub(super) hello_done: bool,
     pub(super) peers: PeerPool,
-    pub(super) last_graph: HashMap<u32, Arc<ValidatedGraph>>,
+    pub(super) last_graph: HashMap<u32, super::compute::StoredGraph>,
     /// What each retained graph of `last_graph` is charged against --mem
     /// (its bytes, released with it).
     pub(super) last_graph_held: HashMap<u32, Held>,

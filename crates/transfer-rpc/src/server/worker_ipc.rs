@@ -7,8 +7,14 @@
 //! |---|---|---|
 //! | 1 MAP | server → worker | `handle u64 \| base u64 \| size u64` + memfd |
 //! | 2 UNMAP | server → worker | `handle u64` |
-//! | 3 COMPUTE | server → worker | GRAPH_COMPUTE payload (wire format) |
-//! | 4 RESULT | worker → server | `ok u8 \| reason bytes` |
+//! | 3 COMPUTE | server → worker | `key u64 \|` GRAPH_COMPUTE payload (wire format) |
+//! | 4 RESULT | worker → server | `code u8 \| reason bytes` ([`RESULT_OK`], [`RESULT_ERROR`], [`RESULT_NOT_HELD`]) |
+//! | 5 RUN | server → worker | `key u64`: run the graph kept under `key` again |
+//!
+//! A graph sent with a non-zero key is kept by the worker (a bounded
+//! [`super::compute::KeyedCache`]) until a buffer is unmapped or replaced;
+//! RUN answers [`RESULT_NOT_HELD`] when it no longer has it, and the server
+//! sends COMPUTE.
 
 use std::collections::VecDeque;
 use std::io;
@@ -22,6 +28,15 @@ pub const TAG_UNMAP: u8 = 2;
 pub const TAG_COMPUTE: u8 = 3;
 /// RESULT.
 pub const TAG_RESULT: u8 = 4;
+/// RUN.
+pub const TAG_RUN: u8 = 5;
+
+/// RESULT: the graph ran.
+pub const RESULT_OK: u8 = 1;
+/// RESULT: the graph was refused or failed (the reason follows).
+pub const RESULT_ERROR: u8 = 0;
+/// RESULT: RUN named a graph the worker does not keep (any more).
+pub const RESULT_NOT_HELD: u8 = 2;
 
 /// Largest message accepted (a graph payload of the default limits is
 /// ~160 MB; the worker trusts its server, this only stops a corrupted
