@@ -1,8 +1,9 @@
 //! Issue 22's noisy neighbour: one attacker address does everything a
 //! tenant can do to take the server from the others, at once: zero-size
 //! allocations up to its cap, trickled frames that hold in-flight budget,
-//! an immediate flood on its own engine lane (and, once the compute
-//! fairness work lands, a graph that hogs the device: see [`hog`]). Eight
+//! an immediate flood on its own engine lane, and a graph that hogs the
+//! device (the largest the work cap admits, replayed back to back: see
+//! [`hog`]). Eight
 //! well-behaved clients, each on its own loopback address (so the
 //! per-address bounds apply to the attacker alone), keep computing
 //! `a + b` and checking the result; an engine tenant keeps writing and
@@ -67,6 +68,7 @@ fn config() -> ServerConfig {
         frame_timeout: Duration::from_secs(1),
         // A trickled 8 MiB frame's deadline stays near the 1 s timeout.
         frame_min_rate: 1 << 30,
+        max_graph_work: HOG_WORK,
         ..ServerConfig::default()
     }
 }
@@ -163,12 +165,43 @@ fn trickle(addr: SocketAddr, stop: Arc<AtomicBool>, seen: Arc<Seen>) -> JoinHand
     })
 }
 
-/// The hogging graph: a session whose graph keeps the device. Its bound
-/// and the fair share of a device between sessions belong to the compute
-/// fairness work of issue 22 (another change); when that lands, start the
-/// hog here, e.g. a long chain of large MUL_MATs on the attacker's session.
-fn hog(_h: &ServerHandle, _stop: &Arc<AtomicBool>) -> Option<JoinHandle<()>> {
-    None
+/// F32 elements of each operand of the hog's ADD.
+const HOG_N: u32 = 32 << 10;
+/// Times the hog lists its ADD node in one graph.
+const HOG_NODES: usize = 8;
+/// The operator's cap on a graph's work in this test: exactly the hog's
+/// graph (each listed node counts its output and two inputs), so the hog
+/// runs the largest graph the server admits, over and over.
+const HOG_WORK: u64 = 3 * HOG_N as u64 * HOG_NODES as u64;
+
+/// The hogging graph: a session on the attacker's address that keeps the
+/// device busy with the largest graph `--max-graph-work` admits, sent once
+/// and then replayed with 9-byte GRAPH_RECOMPUTE frames back to back.
+/// Sessions take turns on a device graph by graph, so a victim waits for
+/// at most one of the hog's graphs per request. One graph over the cap is
+/// refused before it runs.
+fn hog(h: &ServerHandle, stop: &Arc<AtomicBool>) -> Option<JoinHandle<()>> {
+    let mut c = client_from(h, ATTACKER);
+    let (buf, base) = alloc(&mut c, 3 * 4 * u64::from(HOG_N));
+    let mut g = add_graph(buf, base, HOG_N);
+    g.nodes = vec![3; HOG_NODES + 1];
+    // GRAPH_COMPUTE has no answer on the wire: a refusal closes the
+    // session, which the next request sees.
+    let refused = c.graph_compute(&g).is_err() || c.buffer_get_base(buf).is_err();
+    assert!(refused, "a graph over --max-graph-work must be refused");
+    let mut c = client_from(h, ATTACKER);
+    let (buf, base) = alloc(&mut c, 3 * 4 * u64::from(HOG_N));
+    let mut g = add_graph(buf, base, HOG_N);
+    g.nodes = vec![3; HOG_NODES];
+    c.graph_compute(&g).unwrap();
+    let stop = Arc::clone(stop);
+    Some(std::thread::spawn(move || {
+        while !stop.load(Ordering::Relaxed) {
+            if c.graph_recompute(0).is_err() {
+                break;
+            }
+        }
+    }))
 }
 
 #[cfg(feature = "engine")]
