@@ -852,7 +852,8 @@ fn cases() -> Vec<Spec> {
 /// packed, test_bin_bcast's perm1) in F32, F16 and BF16 with broadcasting,
 /// NORM of non-packed rows (test_norm's noncontig_rows, with and without
 /// the half view), GLU of rows of odd length (test_glu's {5, 7, 11, 13}),
-/// SUM of a source permuted in dims 0 and 1 (test_sum's `{1, 0, 2, 3}`).
+/// SUM of a source permuted in dims 0 and 1 (test_sum's `{1, 0, 2, 3}`),
+/// SCALE of BF16.
 fn issue22_cases(v: &mut Vec<Spec>) {
     const BF16: sys::ggml_type = sys::GGML_TYPE_BF16;
     type Bin = unsafe extern "C" fn(*mut sys::ggml_context, T, T) -> T;
@@ -961,6 +962,18 @@ fn issue22_cases(v: &mut Vec<Spec>) {
                 }
             }
         }
+    }
+    // test_scale's BF16 cases (scale_bf16), with and without bias.
+    for (sc, bias) in [(2.0f32, 1.0f32), (0.5, 0.0)] {
+        v.push(spec(
+            format!("scale bf16 {sc} bias {bias}"),
+            1e-5,
+            move |c| {
+                let a = c.input(BF16, [100, 10, 10, 10]);
+                // SAFETY: live context and tensor.
+                unsafe { sys::ggml_scale_bias(c.ctx, a, sc, bias) }
+            },
+        ));
     }
     v.push(spec("sum permuted 1 0 2 3".into(), 1e-6, |c| {
         let a = c.input(F32, [33, 256, 1, 1]);

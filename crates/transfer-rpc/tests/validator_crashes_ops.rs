@@ -1963,6 +1963,7 @@ const OP_SUM: u32 = 14;
 const OP_NORM: u32 = 24;
 const OP_RMS_NORM: u32 = 25;
 const OP_GLU: u32 = 100;
+const OP_SCALE: u32 = 32;
 const GLU_SWIGLU: i32 = 2;
 
 fn assert_close(got: &[f32], want: &[f32], what: &str) {
@@ -2133,6 +2134,43 @@ fn issue_22_forms_compute_and_their_asserting_neighbours_stay_refused() {
         silu(2.0) * 4.0,
     ];
     assert_close(&read(&mut c, &s, 4), &want, "swiglu of odd rows");
+
+    // SCALE of BF16 (scale_bf16: 2 x + 1, bf16 out) computes; F16 has no
+    // kernel (GGML_ABORT in ggml_compute_forward_scale) and stays refused.
+    let x16 = packed(11, BF16, [4, 2, 1, 1], b, base, 11264);
+    let bf16 = |v: f32| ((v.to_bits() >> 16) as u16).to_le_bytes();
+    let xs = [1.0f32, 2.0, -3.0, 0.5, 4.0, 8.0, -1.0, 0.0];
+    let bytes: Vec<u8> = xs.iter().flat_map(|&v| bf16(v)).collect();
+    c.set_tensor(&x16, 0, &bytes).unwrap();
+    let mut sc = node(
+        packed(12, BF16, [4, 2, 1, 1], b, base, 12288),
+        OP_SCALE,
+        &[11],
+    );
+    set_f32(&mut sc, 0, 2.0);
+    set_f32(&mut sc, 1, 1.0);
+    computes(&mut c, "scale of bf16", &one_node(vec![x16, sc.clone()]));
+    let got: Vec<f32> = c
+        .get_tensor(&sc, 0, 16)
+        .unwrap()
+        .chunks_exact(2)
+        .map(|h| f32::from_bits(u32::from(u16::from_le_bytes([h[0], h[1]])) << 16))
+        .collect();
+    let want: Vec<f32> = xs.iter().map(|v| 2.0 * v + 1.0).collect();
+    assert_close(&got, &want, "scale of bf16");
+    refused(&h, "scale of f16", |b, base| {
+        let a = packed(1, F16, [4, 2, 1, 1], b, base, 0);
+        let mut r = node(packed(2, F16, [4, 2, 1, 1], b, base, 1024), OP_SCALE, &[1]);
+        set_f32(&mut r, 0, 2.0);
+        one_node(vec![a, r])
+    });
+
+    // IM2COL_3D of IC 3 over a one-plane image: N = 0, so the builder's
+    // result is empty and ggml never computes it (test-backend-ops' v = 1
+    // views); the same with a non-empty result divides by N = 0 and stays
+    // refused (im2col_3d_refuses_what_ggml_cpu_cannot_take).
+    let g = im2col_3d(3, packed(13, F32, [24, 3, 3, 0], b, base, 13312), b, base);
+    computes(&mut c, "im2col_3d with an empty result", &g);
 
     // SUM of the permuted view: ggml-cpu sums ne00 = 4 packed floats from
     // each row's start (row i1 at 4 * i1 bytes): x[i1..i1 + 4].

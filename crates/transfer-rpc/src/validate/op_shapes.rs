@@ -374,20 +374,23 @@ pub fn check_node(
         }
         OP_SCALE => {
             let a = src(0)?;
-            // ggml_compute_forward_scale_f32 (ops.cpp):
+            // ggml_compute_forward_scale_f32 / _bf16 (ops.cpp):
             // GGML_ASSERT(ggml_is_contiguous(src0)),
             // GGML_ASSERT(ggml_is_contiguous(dst)), same shape. It then
             // walks ggml_nrows rows at `i1 * nb1` (dst) and `i1 * nb01`
             // (src0; the bias branch reads src0 with dst's nb1), copying
             // ne0 floats each: a size-1 dim 1 with a large nb[1] would
-            // write past the tensor (flat_rows).
+            // write past the tensor (flat_rows). scale_bf16 has the same
+            // asserts and walks rows the same way (bf16 in, bf16 out: the
+            // builder's result is a copy of the source's type); any other
+            // type GGML_ABORTs.
             if r.ne != a.ne
-                || r.ty != GGML_TYPE_F32
-                || a.ty != GGML_TYPE_F32
+                || r.ty != a.ty
+                || !matches!(a.ty, GGML_TYPE_F32 | GGML_TYPE_BF16)
                 || !rows_contiguous(a)
                 || !rows_contiguous(r)
             {
-                return refuse(op, "scale must be F32, same shape, packed rows");
+                return refuse(op, "scale must be F32 or BF16, same shape, packed rows");
             }
             if !flat_rows(a) || !flat_rows(r) {
                 return refuse(
