@@ -3,6 +3,7 @@
 //! Std-only on purpose: it compiles in seconds on a fresh machine, before
 //! any system package is installed.
 
+mod backend_ops;
 mod bench;
 mod bench_llama;
 mod bench_rpc;
@@ -46,6 +47,11 @@ commands:
                       unmodified llama-bench --rpc over two of our servers vs two
                       stock rpc-servers of that llama.cpp build, side by side
   verbs-vm            only the soft-RoCE VM step (transfer-verbs suite, engine link)
+  backend-ops [--full] [-o OPS] [-p PARAMS] [--server PATH]
+                      llama.cpp's test-backend-ops (mode test, unmodified, from
+                      the llama-tree build) against transfer-rpc-server through
+                      ggml's RPC client; refused cases are counted and the run
+                      goes on past them (default: the CI subset of ops)
   llama-tree [TARGET...]
                       download (PyPI's llama-cpp-python 0.3.36 source archive,
                       sha256-pinned), configure and build llama.cpp's cmake
@@ -71,6 +77,7 @@ fn main() -> ExitCode {
         Some("link-probe") => bench_rpc::link_probe::run(&args[1..]),
         // Internal: `bench rpc --delay` without sch_netem.
         Some("delay-proxy") => bench_rpc::delay_proxy::run(&args[1..]),
+        Some("backend-ops") => backend_ops::run_cli(&args[1..]),
         Some("llama-tree") => {
             let targets: Vec<&str> = args[1..].iter().map(String::as_str).collect();
             llama_tree::ensure_built(&targets).map(|bin| println!("{}", bin.display()))

@@ -1,6 +1,6 @@
 //! `cargo xtask test`: what CI runs.
 
-use crate::{bench_vm, deps, step};
+use crate::{backend_ops, bench_vm, deps, step};
 
 /// Features every workspace build of the tests enables. Not `--all-features`:
 /// optional native builds (transfer-rpc's ggml) run as their own step.
@@ -82,25 +82,49 @@ pub fn run(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
+/// The target directory of the ggml step: GGML_* options reach cmake only
+/// in a fresh build directory, so this build has its own.
+fn rpc_target_dir() -> std::path::PathBuf {
+    let target = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into());
+    std::path::Path::new(&target).join("rpc-upstream")
+}
+
+/// `cargo <args>` with the ggml step's environment.
+fn rpc_cargo(args: &[&str]) -> std::process::Command {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = std::process::Command::new(&cargo);
+    cmd.args(args)
+        .env("GGML_RPC", "ON")
+        .env("GGML_RPC_RDMA", "OFF")
+        .env("GGML_NO_BACKTRACE", "1")
+        .env("CARGO_TARGET_DIR", rpc_target_dir())
+        .env(REQUIRE_ENV, REQUIRE_HOST);
+    cmd
+}
+
+/// Builds transfer-rpc-server (and its compute worker) as the ggml step
+/// does and returns the server's path.
+pub fn build_rpc_server() -> Result<std::path::PathBuf, String> {
+    deps::ensure(&deps::GGML_BUILD)?;
+    step::run(
+        "build transfer-rpc-server (ggml)",
+        &mut rpc_cargo(&[
+            "build",
+            "-p",
+            "transfer-rpc",
+            "--features",
+            RPC_FEATURES,
+            "--bins",
+        ]),
+    )?;
+    Ok(rpc_target_dir().join("debug/transfer-rpc-server"))
+}
+
 /// transfer-rpc's compute backend and its tests against the real thing
 /// (ggml's RPC client and server, llama.cpp offloading a model to our
-/// server). GGML_* options reach cmake only in a fresh build directory, so
-/// this build has its own target directory.
+/// server), then llama.cpp's own op suite against our server.
 fn rpc_against_llama_cpp() -> Result<(), String> {
     deps::ensure(&deps::GGML_BUILD)?;
-    let target = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into());
-    let dir = std::path::Path::new(&target).join("rpc-upstream");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let rpc_cargo = |args: &[&str]| {
-        let mut cmd = std::process::Command::new(&cargo);
-        cmd.args(args)
-            .env("GGML_RPC", "ON")
-            .env("GGML_RPC_RDMA", "OFF")
-            .env("GGML_NO_BACKTRACE", "1")
-            .env("CARGO_TARGET_DIR", &dir)
-            .env(REQUIRE_ENV, REQUIRE_HOST);
-        cmd
-    };
     // The ggml-only code (compute backend, pipeline coordinator) is linted
     // here: the workspace clippy step does not build ggml.
     step::run(
@@ -121,6 +145,8 @@ fn rpc_against_llama_cpp() -> Result<(), String> {
         "transfer-rpc against ggml and llama.cpp",
         &mut rpc_cargo(&["test", "-p", "transfer-rpc", "--features", RPC_FEATURES]),
     )?;
+    let server = build_rpc_server()?;
+    backend_ops::run_ci(&server)?;
     // The ggml backend plugin loaded into unmodified llama.cpp programs
     // (the llama-cpp-python 0.3.36 tree) and into the ggml above.
     crate::plugin::run_ci()

@@ -843,7 +843,143 @@ fn cases() -> Vec<Spec> {
     vision_op_cases(&mut v);
     misc_op_cases(&mut v);
     train_op_cases(&mut v);
+    issue22_cases(&mut v);
     v
+}
+
+/// The forms test-backend-ops runs that ggml-cpu computes and the rules
+/// refused before issue 22: binary ops whose src1 is permuted (rows not
+/// packed, test_bin_bcast's perm1) in F32, F16 and BF16 with broadcasting,
+/// NORM of non-packed rows (test_norm's noncontig_rows, with and without
+/// the half view), GLU of rows of odd length (test_glu's {5, 7, 11, 13}),
+/// SUM of a source permuted in dims 0 and 1 (test_sum's `{1, 0, 2, 3}`),
+/// SCALE of BF16.
+fn issue22_cases(v: &mut Vec<Spec>) {
+    const BF16: sys::ggml_type = sys::GGML_TYPE_BF16;
+    type Bin = unsafe extern "C" fn(*mut sys::ggml_context, T, T) -> T;
+    let bins: [(&str, Bin); 4] = [
+        ("add", sys::ggml_add),
+        ("sub", sys::ggml_sub),
+        ("mul", sys::ggml_mul),
+        ("div", sys::ggml_div),
+    ];
+    for (name, f) in bins {
+        for ty in [F32, F16, BF16] {
+            for (ne, nr) in [
+                ([1i64, 1, 8, 1], [1i64, 1, 1, 1]),
+                ([10, 5, 4, 3], [1, 1, 1, 1]),
+                ([10, 5, 4, 3], [2, 1, 1, 1]),
+                ([10, 5, 4, 3], [1, 2, 2, 2]),
+                ([10, 5, 4, 3], [2, 2, 2, 2]),
+            ] {
+                let tol = if ty == F32 { 1e-7 } else { 1e-5 };
+                v.push(spec(
+                    format!("{name} {ty} ne {ne:?} nr {nr:?} permuted b"),
+                    tol,
+                    move |c| {
+                        let a = c.input(
+                            ty,
+                            [ne[0] * nr[0], ne[1] * nr[1], ne[2] * nr[2], ne[3] * nr[3]],
+                        );
+                        // test_bin_bcast's perm1: b stored [ne1, ne2, ne0,
+                        // ne3] and permuted (1, 2, 0, 3) back to ne.
+                        let b = c.tensor(ty, [ne[1], ne[2], ne[0], ne[3]], Fill::Uniform(0.5, 1.5));
+                        // SAFETY: live context and tensors.
+                        unsafe { f(c.ctx, a, sys::ggml_permute(c.ctx, b, 1, 2, 0, 3)) }
+                    },
+                ));
+            }
+        }
+    }
+    for n in [64i64, 1025] {
+        for half_view in [false, true] {
+            v.push(spec(
+                format!("norm of non-packed rows n {n} half view {half_view}"),
+                1e-6,
+                move |c| {
+                    let a = c.input(F32, [5, n, 4, 3]);
+                    // SAFETY: live context and tensors; the view stays
+                    // inside the permuted tensor.
+                    unsafe {
+                        let mut a = sys::ggml_permute(c.ctx, a, 1, 0, 2, 3);
+                        if half_view {
+                            let (ne, nb) = ((*a).ne, (*a).nb);
+                            a = sys::ggml_view_4d(
+                                c.ctx,
+                                a,
+                                ne[0] / 2,
+                                ne[1] / 2,
+                                ne[2] / 2,
+                                ne[3] / 2,
+                                nb[1],
+                                nb[2],
+                                nb[3],
+                                0,
+                            );
+                        }
+                        sys::ggml_norm(c.ctx, a, 1e-6)
+                    }
+                },
+            ));
+        }
+    }
+    let glus = [
+        sys::GGML_GLU_OP_REGLU,
+        sys::GGML_GLU_OP_GEGLU,
+        sys::GGML_GLU_OP_SWIGLU,
+        sys::GGML_GLU_OP_GEGLU_ERF,
+        sys::GGML_GLU_OP_GEGLU_QUICK,
+    ];
+    for op in glus {
+        for ty in [F32, F16, BF16] {
+            for swapped in [false, true] {
+                for strided in [false, true] {
+                    let tol = if ty == F32 { 1e-7 } else { 1e-5 };
+                    v.push(spec(
+                        format!("glu {op} {ty} odd rows swapped {swapped} strided {strided}"),
+                        tol,
+                        move |c| {
+                            let ne = [5i64, 7, 11, 13];
+                            // test_glu's v = 1: a view of the first ne0 of
+                            // rows three times as long.
+                            let a = if strided {
+                                let t = c.input(ty, [ne[0] * 3, ne[1], ne[2], ne[3]]);
+                                // SAFETY: live tensor; the view stays inside it.
+                                unsafe {
+                                    let nb = (*t).nb;
+                                    sys::ggml_view_4d(
+                                        c.ctx, t, ne[0], ne[1], ne[2], ne[3], nb[1], nb[2], nb[3],
+                                        0,
+                                    )
+                                }
+                            } else {
+                                c.input(ty, ne)
+                            };
+                            // SAFETY: live context and tensor.
+                            unsafe { sys::ggml_glu(c.ctx, a, op, swapped) }
+                        },
+                    ));
+                }
+            }
+        }
+    }
+    // test_scale's BF16 cases (scale_bf16), with and without bias.
+    for (sc, bias) in [(2.0f32, 1.0f32), (0.5, 0.0)] {
+        v.push(spec(
+            format!("scale bf16 {sc} bias {bias}"),
+            1e-5,
+            move |c| {
+                let a = c.input(BF16, [100, 10, 10, 10]);
+                // SAFETY: live context and tensor.
+                unsafe { sys::ggml_scale_bias(c.ctx, a, sc, bias) }
+            },
+        ));
+    }
+    v.push(spec("sum permuted 1 0 2 3".into(), 1e-6, |c| {
+        let a = c.input(F32, [33, 256, 1, 1]);
+        // SAFETY: live context and tensor.
+        unsafe { sys::ggml_sum(c.ctx, sys::ggml_permute(c.ctx, a, 1, 0, 2, 3)) }
+    }));
 }
 
 /// Transposes dims 1 and 2 of a fresh contiguous leaf of `ty`, `fill`.

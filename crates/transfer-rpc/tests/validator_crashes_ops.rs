@@ -1956,3 +1956,230 @@ fn get_rows_back_rows_are_checked_on_every_run() {
     g.nodes = vec![3, 3];
     computes(&mut c, "get_rows_back twice", &g);
 }
+
+const OP_ADD: u32 = 2;
+const OP_MUL: u32 = 7;
+const OP_SUM: u32 = 14;
+const OP_NORM: u32 = 24;
+const OP_RMS_NORM: u32 = 25;
+const OP_GLU: u32 = 100;
+const OP_SCALE: u32 = 32;
+const GLU_SWIGLU: i32 = 2;
+
+fn assert_close(got: &[f32], want: &[f32], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (g, w) in got.iter().zip(want) {
+        assert!((g - w).abs() < 1e-4, "{what}: got {got:?}, want {want:?}");
+    }
+}
+
+/// F16 bits of `v` (exact for the small integers used here).
+fn f16_bits(v: f32) -> u16 {
+    let bits = v.to_bits();
+    let sign = ((bits >> 16) & 0x8000) as u16;
+    if v == 0.0 {
+        return sign;
+    }
+    let exp = ((bits >> 23) & 0xff) as i32 - 127 + 15;
+    let mant = ((bits >> 13) & 0x3ff) as u16;
+    sign | ((exp as u16) << 10) | mant
+}
+
+fn f16_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|&x| f16_bits(x).to_le_bytes()).collect()
+}
+
+fn f16_floats(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(2)
+        .map(|c| {
+            let h = u16::from_le_bytes([c[0], c[1]]);
+            let sign = if h & 0x8000 != 0 { -1.0 } else { 1.0 };
+            let exp = i32::from((h >> 10) & 0x1f);
+            let mant = f32::from(h & 0x3ff);
+            if exp == 0 {
+                sign * mant * 2f32.powi(-24)
+            } else {
+                sign * (1.0 + mant / 1024.0) * 2f32.powi(exp - 15)
+            }
+        })
+        .collect()
+}
+
+/// Issue 22 (coverage): the forms of test-backend-ops that ggml-cpu
+/// computes and the rules refused (a src1 of binary ops with rows not
+/// packed, NORM of non-packed rows, GLU of an odd row, SUM of a permuted
+/// source) now compute, with ggml-cpu's values; the neighbouring forms
+/// whose kernels GGML_ASSERT stay refused.
+#[test]
+fn issue_22_forms_compute_and_their_asserting_neighbours_stay_refused() {
+    let h = start_ggml();
+    // apply_binary_op (binary-ops.cpp): GGML_ASSERT(nb00 == sizeof(src0_t))
+    // and GGML_ASSERT(nb0 == sizeof(dst_t)): a permuted src0 or result
+    // aborts (only src1 is read by its strides).
+    refused(&h, "add of a permuted src0", |b, base| {
+        let a = tensor(1, F32, [4, 3, 1, 1], [12, 4, 48, 48], b, base, 0);
+        let y = packed(2, F32, [4, 3, 1, 1], b, base, 1024);
+        let r = node(packed(3, F32, [4, 3, 1, 1], b, base, 2048), OP_ADD, &[1, 2]);
+        one_node(vec![a, y, r])
+    });
+    refused(&h, "mul into a permuted result", |b, base| {
+        let a = packed(1, F32, [4, 3, 1, 1], b, base, 0);
+        let y = packed(2, F32, [4, 3, 1, 1], b, base, 1024);
+        let r = tensor(3, F32, [4, 3, 1, 1], [12, 4, 48, 48], b, base, 2048);
+        one_node(vec![a, y, node(r, OP_MUL, &[1, 2])])
+    });
+    // rms_norm_f32 (ops.cpp): GGML_ASSERT(src0->nb[0] == sizeof(float));
+    // NORM of the same source computes (below).
+    refused(&h, "rms_norm of a permuted source", |b, base| {
+        let a = tensor(1, F32, [4, 3, 1, 1], [12, 4, 48, 48], b, base, 0);
+        let mut r = node(
+            packed(2, F32, [4, 3, 1, 1], b, base, 1024),
+            OP_RMS_NORM,
+            &[1],
+        );
+        set_f32(&mut r, 0, 1e-5);
+        one_node(vec![a, r])
+    });
+
+    let (mut c, b, base) = session(&h);
+    // x: a [3, 4] matrix stored packed; its transpose [4, 3] is the
+    // permuted view (nb = [12, 4]) test-backend-ops makes.
+    let x: Vec<f32> = (0..12).map(|i| i as f32).collect();
+    let stored = packed(1, F32, [3, 4, 1, 1], b, base, 0);
+    c.set_tensor(&stored, 0, &f32_bytes(&x)).unwrap();
+    let view = tensor(1, F32, [4, 3, 1, 1], [12, 4, 48, 48], b, base, 0);
+    // view element (i0, i1) lies at i0 * 12 + i1 * 4 bytes: x[i0 * 3 + i1].
+    let view_rows: Vec<Vec<f32>> = (0..3)
+        .map(|i1| (0..4).map(|i0| x[i0 * 3 + i1]).collect())
+        .collect();
+
+    // ADD of a packed src0 and the permuted src1, F32.
+    let a = packed(2, F32, [4, 3, 1, 1], b, base, 1024);
+    let ones: Vec<f32> = (0..12).map(|i| 100.0 * i as f32).collect();
+    c.set_tensor(&a, 0, &f32_bytes(&ones)).unwrap();
+    let r = node(packed(3, F32, [4, 3, 1, 1], b, base, 2048), OP_ADD, &[2, 1]);
+    computes(
+        &mut c,
+        "add of a permuted src1",
+        &one_node(vec![view.clone(), a, r.clone()]),
+    );
+    let want: Vec<f32> = view_rows
+        .iter()
+        .flatten()
+        .zip(&ones)
+        .map(|(v, o)| v + o)
+        .collect();
+    assert_close(&read(&mut c, &r, 12), &want, "add of a permuted src1");
+
+    // F16: src0 packed F16, src1 the permuted F16 view of a [3, 4] store.
+    let stored16 = packed(4, F16, [3, 4, 1, 1], b, base, 4096);
+    c.set_tensor(&stored16, 0, &f16_bytes(&x)).unwrap();
+    let view16 = tensor(4, F16, [4, 3, 1, 1], [6, 2, 24, 24], b, base, 4096);
+    let a16 = packed(5, F16, [4, 3, 1, 1], b, base, 5120);
+    c.set_tensor(&a16, 0, &f16_bytes(&ones)).unwrap();
+    let r16 = node(packed(6, F16, [4, 3, 1, 1], b, base, 6144), OP_MUL, &[5, 4]);
+    computes(
+        &mut c,
+        "f16 mul of a permuted src1",
+        &one_node(vec![view16, a16, r16.clone()]),
+    );
+    let got = f16_floats(&c.get_tensor(&r16, 0, 24).unwrap());
+    let want: Vec<f32> = view_rows
+        .iter()
+        .flatten()
+        .zip(&ones)
+        .map(|(v, o)| v * o)
+        .collect();
+    for (g, w) in got.iter().zip(&want) {
+        assert!(
+            (g - w).abs() <= w.abs() / 512.0,
+            "f16 mul: got {got:?}, want {want:?}"
+        );
+    }
+
+    // NORM of the permuted view: rows of 4 elements 12 bytes apart.
+    let mut n = node(packed(7, F32, [4, 3, 1, 1], b, base, 7168), OP_NORM, &[1]);
+    set_f32(&mut n, 0, 1e-5);
+    computes(
+        &mut c,
+        "norm of permuted rows",
+        &one_node(vec![view.clone(), n.clone()]),
+    );
+    let want: Vec<f32> = view_rows
+        .iter()
+        .flat_map(|row| {
+            let mean = row.iter().sum::<f32>() / 4.0;
+            let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / 4.0;
+            let scale = 1.0 / (var + 1e-5).sqrt();
+            row.iter()
+                .map(move |v| (v - mean) * scale)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert_close(&read(&mut c, &n, 12), &want, "norm of permuted rows");
+
+    // SWIGLU of rows of 5 (odd): nc = 2, halves [0, 2) and [2, 4); the
+    // fifth element is never read.
+    let g5 = packed(8, F32, [5, 2, 1, 1], b, base, 8192);
+    let v5 = [0.5f32, -1.0, 2.0, 3.0, 99.0, 1.0, 2.0, -0.5, 4.0, 99.0];
+    c.set_tensor(&g5, 0, &f32_bytes(&v5)).unwrap();
+    let mut s = node(packed(9, F32, [2, 2, 1, 1], b, base, 9216), OP_GLU, &[8]);
+    s.op_params[0] = GLU_SWIGLU;
+    computes(&mut c, "swiglu of odd rows", &one_node(vec![g5, s.clone()]));
+    let silu = |v: f32| v / (1.0 + (-v).exp());
+    let want = [
+        silu(0.5) * 2.0,
+        silu(-1.0) * 3.0,
+        silu(1.0) * -0.5,
+        silu(2.0) * 4.0,
+    ];
+    assert_close(&read(&mut c, &s, 4), &want, "swiglu of odd rows");
+
+    // SCALE of BF16 (scale_bf16: 2 x + 1, bf16 out) computes; F16 has no
+    // kernel (GGML_ABORT in ggml_compute_forward_scale) and stays refused.
+    let x16 = packed(11, BF16, [4, 2, 1, 1], b, base, 11264);
+    let bf16 = |v: f32| ((v.to_bits() >> 16) as u16).to_le_bytes();
+    let xs = [1.0f32, 2.0, -3.0, 0.5, 4.0, 8.0, -1.0, 0.0];
+    let bytes: Vec<u8> = xs.iter().flat_map(|&v| bf16(v)).collect();
+    c.set_tensor(&x16, 0, &bytes).unwrap();
+    let mut sc = node(
+        packed(12, BF16, [4, 2, 1, 1], b, base, 12288),
+        OP_SCALE,
+        &[11],
+    );
+    set_f32(&mut sc, 0, 2.0);
+    set_f32(&mut sc, 1, 1.0);
+    computes(&mut c, "scale of bf16", &one_node(vec![x16, sc.clone()]));
+    let got: Vec<f32> = c
+        .get_tensor(&sc, 0, 16)
+        .unwrap()
+        .chunks_exact(2)
+        .map(|h| f32::from_bits(u32::from(u16::from_le_bytes([h[0], h[1]])) << 16))
+        .collect();
+    let want: Vec<f32> = xs.iter().map(|v| 2.0 * v + 1.0).collect();
+    assert_close(&got, &want, "scale of bf16");
+    refused(&h, "scale of f16", |b, base| {
+        let a = packed(1, F16, [4, 2, 1, 1], b, base, 0);
+        let mut r = node(packed(2, F16, [4, 2, 1, 1], b, base, 1024), OP_SCALE, &[1]);
+        set_f32(&mut r, 0, 2.0);
+        one_node(vec![a, r])
+    });
+
+    // IM2COL_3D of IC 3 over a one-plane image: N = 0, so the builder's
+    // result is empty and ggml never computes it (test-backend-ops' v = 1
+    // views); the same with a non-empty result divides by N = 0 and stays
+    // refused (im2col_3d_refuses_what_ggml_cpu_cannot_take).
+    let g = im2col_3d(3, packed(13, F32, [24, 3, 3, 0], b, base, 13312), b, base);
+    computes(&mut c, "im2col_3d with an empty result", &g);
+
+    // SUM of the permuted view: ggml-cpu sums ne00 = 4 packed floats from
+    // each row's start (row i1 at 4 * i1 bytes): x[i1..i1 + 4].
+    let sum = node(packed(10, F32, [1, 1, 1, 1], b, base, 10240), OP_SUM, &[1]);
+    computes(
+        &mut c,
+        "sum of a permuted source",
+        &one_node(vec![view, sum.clone()]),
+    );
+    let want: f32 = (0..3).map(|i1| x[i1..i1 + 4].iter().sum::<f32>()).sum();
+    assert_close(&read(&mut c, &sum, 1), &[want], "sum of a permuted source");
+}

@@ -338,15 +338,15 @@ pub fn check_node(
             // apply_binary_op: GGML_ASSERT(ggml_can_repeat(src1, src0) &&
             // ggml_are_same_shape(src0, dst)), GGML_ASSERT(nb0 ==
             // sizeof(dst_t)), GGML_ASSERT(nb00 == sizeof(src0_t)); the
-            // broadcast reads `i % ne1x`, so no src1 dim may be 0.
-            if !can_repeat(b, a)
-                || !rows_contiguous(a)
-                || !rows_contiguous(b)
-                || !rows_contiguous(r)
-            {
+            // broadcast reads `i % ne1x`, so no src1 dim may be 0. src1's
+            // nb[0] is free: a src1 whose rows are not packed (a permuted
+            // operand, test_bin_bcast's perm1) goes through
+            // vec_binary_op_non_contiguous, which reads element i10 <
+            // ne10 at `i10 * nb10`, inside src1's own extent.
+            if !can_repeat(b, a) || !rows_contiguous(a) || !rows_contiguous(r) {
                 return refuse(
                     op,
-                    "binary op operand does not broadcast or rows not packed",
+                    "binary op operand does not broadcast, or src0 / result rows not packed",
                 );
             }
             Ok(())
@@ -356,14 +356,13 @@ pub fn check_node(
             // ggml_compute_forward_norm / rms_norm (ops.cpp): F32 source
             // only (GGML_ABORT otherwise), the result is written as floats;
             // rms_norm GGML_ASSERTs src0->nb[0] == sizeof(float) and
-            // memcpys ne00 floats into each dst row.
-            if r.ne != a.ne
-                || r.ty != GGML_TYPE_F32
-                || a.ty != GGML_TYPE_F32
-                || !rows_contiguous(a)
-                || !rows_contiguous(r)
-            {
-                return refuse(op, "norm must be F32, same shape, packed rows");
+            // memcpys ne00 floats into each dst row. norm_f32 takes any
+            // nb00 / nb0: when either is not sizeof(float) it reads and
+            // writes element i00 at `i00 * nb00` / `i00 * nb0` (inside each
+            // tensor's extent), as for test_norm's noncontig_rows.
+            let packed = op == OP_NORM || (rows_contiguous(a) && rows_contiguous(r));
+            if r.ne != a.ne || r.ty != GGML_TYPE_F32 || a.ty != GGML_TYPE_F32 || !packed {
+                return refuse(op, "norm must be F32, same shape (rms_norm: packed rows)");
             }
             // Both: `memcpy(&eps, dst->op_params, 4); GGML_ASSERT(eps >=
             // 0.0f)`, which NaN fails too.
@@ -375,20 +374,23 @@ pub fn check_node(
         }
         OP_SCALE => {
             let a = src(0)?;
-            // ggml_compute_forward_scale_f32 (ops.cpp):
+            // ggml_compute_forward_scale_f32 / _bf16 (ops.cpp):
             // GGML_ASSERT(ggml_is_contiguous(src0)),
             // GGML_ASSERT(ggml_is_contiguous(dst)), same shape. It then
             // walks ggml_nrows rows at `i1 * nb1` (dst) and `i1 * nb01`
             // (src0; the bias branch reads src0 with dst's nb1), copying
             // ne0 floats each: a size-1 dim 1 with a large nb[1] would
-            // write past the tensor (flat_rows).
+            // write past the tensor (flat_rows). scale_bf16 has the same
+            // asserts and walks rows the same way (bf16 in, bf16 out: the
+            // builder's result is a copy of the source's type); any other
+            // type GGML_ABORTs.
             if r.ne != a.ne
-                || r.ty != GGML_TYPE_F32
-                || a.ty != GGML_TYPE_F32
+                || r.ty != a.ty
+                || !matches!(a.ty, GGML_TYPE_F32 | GGML_TYPE_BF16)
                 || !rows_contiguous(a)
                 || !rows_contiguous(r)
             {
-                return refuse(op, "scale must be F32, same shape, packed rows");
+                return refuse(op, "scale must be F32 or BF16, same shape, packed rows");
             }
             if !flat_rows(a) || !flat_rows(r) {
                 return refuse(
@@ -454,7 +456,11 @@ pub fn check_node(
                     }
                 }
                 None => {
-                    if r.ne != [a.ne[0] / 2, a.ne[1], a.ne[2], a.ne[3]] || a.ne[0] % 2 != 0 {
+                    // Every glu kernel takes `nc = src0->ne[0] / 2` (rounded
+                    // down, as ggml_glu_impl's result) and reads the two
+                    // halves [0, nc) and [nc, 2 nc) of each row: with an odd
+                    // ne[0] the last element is never read.
+                    if r.ne != [a.ne[0] / 2, a.ne[1], a.ne[2], a.ne[3]] {
                         return refuse(op, "glu: result must be half of src0");
                     }
                 }

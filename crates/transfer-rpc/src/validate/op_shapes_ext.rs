@@ -245,7 +245,15 @@ fn check_sqr(r: &RpcTensor, a: &RpcTensor) -> Result<()> {
 /// source type written at dst->data[0], rows of ne00 packed elements
 /// read by their strides.
 fn check_sum(r: &RpcTensor, a: &RpcTensor) -> Result<()> {
-    if !float(a.ty) || r.ty != a.ty || r.ne != [1, 1, 1, 1] || !rows_contiguous(a) {
+    // Each row is summed as ne00 packed elements from the row's start
+    // (ggml_vec_sum_*_ggf; the `nb[0] == sizeof` check there is a plain
+    // assert, compiled out). Any nb[0] is safe: the last row starts at
+    // sum_{i>=1} (ne[i] - 1) nb[i] and its packed read ends ne00 elements
+    // later, which is within the tensor's extent (that offset plus
+    // (ne00 - 1) nb[0] + one element) because check_shape makes nb[0]
+    // at least one element wide whenever ne00 > 1. A permuted source
+    // (test_sum's `{1, 0, 2, 3}`) is summed as ggml-cpu sums it.
+    if !float(a.ty) || r.ty != a.ty || r.ne != [1, 1, 1, 1] {
         return refuse(r.op, "sum shapes/types");
     }
     Ok(())
