@@ -16,6 +16,7 @@ use transfer_rpc::client::{Client, ClientConfig, EngineWrite, InboundLane, open_
 use transfer_rpc::engine_link::{EngineLink, EngineLinkConfig};
 use transfer_rpc::protocol::engine::{CloseKind, LaneId, MAX_ENGINE_BYTES, OutboundId};
 use transfer_rpc::protocol::{Command, RpcTensor};
+use transfer_rpc::server::peer::PeerAllow;
 use transfer_rpc::server::{ServerConfig, ServerHandle};
 
 const N: u32 = 4096; // f32 elements per boundary tensor (16 KiB)
@@ -57,10 +58,19 @@ fn link() -> Option<Arc<EngineLink>> {
 }
 
 fn server(link: &Arc<EngineLink>) -> ServerHandle {
+    // Verbs engine addresses (GIDs) carry no IP the policy could match: the
+    // server allows them only under `any` (README, "Copies go only where the
+    // operator allows"); tcp's are loopback (`start`'s default here).
+    let peer_allow = if test_provider() == "ibverbs" {
+        PeerAllow::parse(&["any".to_string()]).unwrap()
+    } else {
+        PeerAllow::default()
+    };
     start(ServerConfig {
         memory_quota: 64 << 20,
         max_buffer_size: 64 << 20,
         engine: Some(Arc::clone(link)),
+        peer_allow,
         ..ServerConfig::default()
     })
 }
