@@ -593,6 +593,119 @@ impl Engine {
         self.start(py, req, "scatter", Some(src.clone().into_any().unbind()))
     }
 
+    /// Posts many writes into `dst` with ONE call and ONE completion,
+    /// zero-copy from registered memory: `triples` are `(src_offset,
+    /// dst_offset, nbytes)` rows (an `(N, 3)` integer numpy array, copied
+    /// in one pass without a Python object per row, or a sequence of
+    /// 3-tuples). `src` is a `Region`, or a sequence of regions with
+    /// `triples` a sequence of as many row lists (one engine request per
+    /// region, joined into the one `Transfer`). With `imm`, each row
+    /// delivers like one write (`expected_imms(nbytes=...)` per row).
+    #[pyo3(signature = (src, dst, triples, *, imm=None))]
+    fn write_batch(
+        &self,
+        py: Python<'_>,
+        src: &Bound<'_, PyAny>,
+        dst: &Bound<'_, RemoteRegion>,
+        triples: &Bound<'_, PyAny>,
+        imm: Option<u32>,
+    ) -> PyResult<Transfer> {
+        const CALL: &str = "write_batch";
+        let d = dst.get();
+        self.check_dst(d)?;
+        let items = |rows: Vec<(u64, u64, u64)>| -> PyResult<Vec<ScatterItem>> {
+            if rows.is_empty() {
+                return Err(invalid(CALL, "no rows to write"));
+            }
+            Ok(rows
+                .into_iter()
+                .map(|(src_offset, dst_offset, len)| ScatterItem {
+                    dst: d.target.clone(),
+                    src_offset,
+                    dst_offset,
+                    len,
+                })
+                .collect())
+        };
+        if let Ok(one) = src.cast::<Region>() {
+            let s = one.get();
+            self.check_src(s)?;
+            let req = ScatterRequest {
+                src: &s.region,
+                items: items(pages::triples(triples)?)?,
+                imm,
+            };
+            return self.start(py, req, CALL, Some(one.clone().into_any().unbind()));
+        }
+        let regions: Vec<Bound<'_, Region>> = src
+            .try_iter()
+            .and_then(|it| {
+                it.map(|r| r.and_then(|r| Ok(r.cast_into::<Region>()?)))
+                    .collect()
+            })
+            .map_err(|_| invalid(CALL, "src must be a Region or a sequence of Regions"))?;
+        let lists: Vec<Bound<'_, PyAny>> =
+            triples
+                .try_iter()
+                .and_then(|it| it.collect())
+                .map_err(|_| {
+                    invalid(
+                        CALL,
+                        "with several regions, triples is a sequence of row lists",
+                    )
+                })?;
+        if regions.is_empty() || regions.len() != lists.len() {
+            return Err(invalid(
+                CALL,
+                format!(
+                    "{} source regions but {} row lists (one per region, at least one)",
+                    regions.len(),
+                    lists.len()
+                ),
+            ));
+        }
+        // Regions and row lists are checked before anything is posted;
+        // ranges are checked by the engine at submit: a range refused
+        // after earlier regions went out fails the one Transfer with that
+        // error once those finished (writes cannot be called back).
+        let mut reqs = Vec::with_capacity(regions.len());
+        for (r, rows) in regions.iter().zip(&lists) {
+            self.check_src(r.get())?;
+            reqs.push(items(pages::triples(rows)?)?);
+        }
+        let mut futs: Vec<crate::transfer::EngineFuture> = Vec::with_capacity(reqs.len());
+        let mut refused = None;
+        let srcs: Vec<&Region> = regions.iter().map(|r| r.get()).collect();
+        py.detach(|| {
+            for (r, list) in srcs.into_iter().zip(reqs) {
+                let req = ScatterRequest {
+                    src: &r.region,
+                    items: list,
+                    imm,
+                };
+                match self.shared.with(CALL, move |e| e.start(req)) {
+                    Ok(p) => futs.push(Box::pin(p)),
+                    Err(e) => {
+                        refused = Some(e);
+                        break;
+                    }
+                }
+            }
+        });
+        if let Some(e) = refused {
+            if futs.is_empty() {
+                return Err(py_err(e));
+            }
+            futs.push(Box::pin(std::future::ready(Err(e))));
+        }
+        let keep = pyo3::types::PyList::new(py, &regions)?.into_any().unbind();
+        Ok(Transfer::new(
+            Box::pin(crate::transfer::JoinAll::new(futs)),
+            CALL,
+            Some(keep),
+        ))
+    }
+
     /// Sends the immediate `imm` (a zero-byte write) to every target:
     /// each receiver counts exactly one arrival.
     fn barrier(&self, py: Python<'_>, targets: &Bound<'_, PyAny>, imm: u32) -> PyResult<Transfer> {

@@ -16,6 +16,49 @@ use crate::signal::{LoopWaker, Signal, lock};
 /// An engine future: a `Pending` (writes, sends) or an `ImmFuture`.
 pub(crate) type EngineFuture = Pin<Box<dyn Future<Output = CoreResult<()>> + Send>>;
 
+/// Several engine futures as one: resolves when every one has, with the
+/// first error among them (`Engine.write_batch` over several source
+/// regions: one engine request per region, one `Transfer` for Python).
+pub(crate) struct JoinAll {
+    futs: Vec<Option<EngineFuture>>,
+    err: Option<TransferError>,
+}
+
+impl JoinAll {
+    pub(crate) fn new(futs: Vec<EngineFuture>) -> Self {
+        Self {
+            futs: futs.into_iter().map(Some).collect(),
+            err: None,
+        }
+    }
+}
+
+impl Future for JoinAll {
+    type Output = CoreResult<()>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        let mut running = false;
+        for slot in &mut this.futs {
+            let Some(fut) = slot.as_mut() else { continue };
+            match fut.as_mut().poll(cx) {
+                Poll::Ready(r) => {
+                    *slot = None;
+                    if let Err(e) = r {
+                        this.err.get_or_insert(e);
+                    }
+                }
+                Poll::Pending => running = true,
+            }
+        }
+        if running {
+            Poll::Pending
+        } else {
+            Poll::Ready(this.err.take().map_or(Ok(()), Err))
+        }
+    }
+}
+
 /// How long a blocking wait keeps the GIL released before it looks for
 /// signals (Ctrl-C) and goes on.
 const SIGNAL_CHECK: Duration = Duration::from_millis(50);

@@ -308,3 +308,65 @@ def test_threads_submit_concurrently(engine: Any, peer: Peer, imm: int) -> None:
     per_write = peer.call("expected_imms", nbytes=chunk)
     peer.call("wait_imm", imm, threads * writes * per_write, TIMEOUT)
     assert peer.call("read", idx) == data.tobytes()
+
+
+@pytest.mark.parametrize(
+    "make_rows",
+    [
+        lambda r: np.asarray(r, dtype=np.uint64),
+        lambda r: np.asarray(r, dtype=np.int64).reshape(-1),
+        lambda r: np.asarray(r, dtype=np.int32),
+        lambda r: [tuple(int(x) for x in row) for row in r],
+    ],
+    ids=["uint64", "int64-flat", "int32", "tuples"],
+)
+def test_write_batch_one_region(engine: Any, peer: Peer, imm: int, make_rows: Any) -> None:
+    idx, dst = remote(engine, peer, 16384)
+    data = random_bytes(16384, 9)
+    src = engine.register(data)
+    rows = [(0, 8192, 100), (4096, 0, 4096), (12000, 13000, 3000)]
+    t = engine.write_batch(src, dst, make_rows(rows), imm=imm)
+    t.wait(TIMEOUT)
+    assert t.done() and t.exception() is None
+    n = sum(peer.call("expected_imms", nbytes=r[2]) for r in rows)
+    peer.call("wait_imm", imm, n, TIMEOUT)
+    got = np.frombuffer(peer.call("read", idx), dtype=np.uint8)
+    want = np.zeros(16384, np.uint8)
+    for s, d, n_ in rows:
+        want[d : d + n_] = data[s : s + n_]
+    assert (got == want).all()
+
+
+def test_write_batch_several_regions(engine: Any, peer: Peer, imm: int) -> None:
+    # Zero-copy from several buffers (numpy, bytearray) in one call.
+    idx, dst = remote(engine, peer, 8192)
+    a = random_bytes(4096, 1)
+    b = bytearray(random_bytes(4096, 2).tobytes())
+    ra, rb = engine.register(a), engine.register(b)
+    engine.write_batch(
+        [ra, rb], dst, [np.array([[0, 0, 2048]], np.uint64), [(2048, 2048, 2048), (0, 4096, 4096)]],
+        imm=imm,
+    ).wait(TIMEOUT)
+    n = sum(peer.call("expected_imms", nbytes=k) for k in (2048, 2048, 4096))
+    peer.call("wait_imm", imm, n, TIMEOUT)
+    got = np.frombuffer(peer.call("read", idx), dtype=np.uint8)
+    bb = np.frombuffer(bytes(b), np.uint8)
+    assert (got[:2048] == a[:2048]).all()
+    assert (got[2048:4096] == bb[2048:4096]).all()
+    assert (got[4096:] == bb).all()
+
+
+def test_write_batch_refuses_bad_rows(engine: Any, peer: Peer) -> None:
+    _, dst = remote(engine, peer, 4096)
+    src = engine.register(np.zeros(4096, np.uint8))
+    with pytest.raises(transfer.InvalidArgument):
+        engine.write_batch(src, dst, np.zeros((2, 2), np.uint64))
+    with pytest.raises(transfer.InvalidArgument):
+        engine.write_batch(src, dst, np.array([[0, 0, -1]], np.int64))
+    with pytest.raises(transfer.InvalidArgument):
+        engine.write_batch(src, dst, np.zeros((0, 3), np.uint64))
+    with pytest.raises(transfer.InvalidArgument):
+        engine.write_batch([src], dst, [])
+    with pytest.raises(transfer.TransferError):
+        # Past the destination's end: refused by the engine at submit.
+        engine.write_batch(src, dst, [(0, 4000, 200)]).wait(TIMEOUT)

@@ -141,6 +141,17 @@ class Engine:
         imm: int | None = None,
     ) -> Transfer:
         """Items are (dst, src_offset, dst_offset, nbytes)."""
+    def write_batch(
+        self,
+        src: Region | Sequence[Region],
+        dst: RemoteRegion,
+        triples: Buffer | _ArrayLike | Sequence[tuple[int, int, int]] | Sequence[Any],
+        *,
+        imm: int | None = None,
+    ) -> Transfer:
+        """Many writes, one call, one completion: rows of (src_offset,
+        dst_offset, nbytes) as an (N, 3) integer array; with a sequence of
+        regions, one row list per region."""
     def barrier(self, targets: RemoteRegion | Iterable[RemoteRegion], imm: int) -> Transfer: ...
     def send(self, peer: Peer, data: _Bytes) -> Transfer: ...
     def start_recv_pool(self, count: int = 64, size: int = 65536, *, backlog: int = 65536) -> None: ...
