@@ -6,6 +6,7 @@
 mod backend_ops;
 mod bench;
 mod bench_llama;
+mod bench_peers;
 mod bench_rpc;
 mod bench_vm;
 mod deps;
@@ -34,6 +35,9 @@ commands:
     --netns N [--link-rate 1gbit] [--link-delay 1ms]
                       N network-namespace hosts on this machine (root)
     --hosts h1,h2,... real hosts over ssh; h1 drives, the others serve
+    --peers [--quick] [--repeats 3] [--transports tcp,shm] [--engines ours,mooncake,nixl,nixl-caller] [--no-kv]
+                      ours from Python next to NVIDIA NIXL and Mooncake TE (pinned, from
+                      PyPI into target/peers-venv), issue 20's rows + the kv workload
     --vm [--quick]    over the native verbs backend inside the soft-RoCE VM,
                       next to perftest (smoke mode unless --quick / --full)
   bench rpc [--stages 4] [--arms hub,direct,engine] [--repeats 3] [--rate 200mbit]
@@ -72,6 +76,7 @@ fn main() -> ExitCode {
         Some("bench") if args.get(1).is_some_and(|a| a == "llama-rpc") => {
             bench_llama::run(&args[2..])
         }
+        Some("bench") if args[1..].iter().any(|a| a == "--peers") => bench_peers::run(&args[1..]),
         Some("bench") => bench::run(&args[1..]),
         // Internal: the bulk transfer `bench rpc` runs between namespace hosts.
         Some("link-probe") => bench_rpc::link_probe::run(&args[1..]),
