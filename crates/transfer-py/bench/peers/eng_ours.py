@@ -20,7 +20,8 @@ class Adapter:
     def __init__(self, transport: str, mode: str, buf: np.ndarray) -> None:
         provider = {"tcp": "tcp", "shm": "shm"}[transport]
         bind = "127.0.0.1" if transport == "tcp" else None
-        self.eng = transfer.Engine(provider=provider, bind=bind)
+        self.busy = mode == "busy"
+        self.eng = transfer.Engine(provider=provider, bind=bind, busy_poll=self.busy)
         self.buf = buf
         self.region = self.eng.register(buf)
         self.dst: Any = None
@@ -28,8 +29,8 @@ class Adapter:
         self._counts: dict[tuple[Any, ...], int] = {}
         self.config = (
             f"transfer-py (Python), libfabric {self.eng.provider}, engine worker thread "
-            "(parks when idle, no busy polling), writes via write / write_batch / write_paged, "
-            "receiver blocks in wait_imm"
+            + ("busy-polling (one core per process)" if self.busy else "(parks when idle, no busy polling)")
+            + ", writes via write / write_batch / write_paged, receiver blocks in wait_imm"
         )
 
     def info(self) -> dict[str, Any]:

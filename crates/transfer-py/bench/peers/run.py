@@ -30,6 +30,8 @@ from common import KiB, MiB, median, percentile, write_jsonl  # noqa: E402
 # engine key -> (adapter module, mode, transports)
 ENGINES = {
     "ours": ("eng_ours", "", ("tcp", "shm")),
+    # A diagnostic, not in the default list: workers busy-poll (one core each).
+    "ours-busy": ("eng_ours", "busy", ("tcp", "shm")),
     "mooncake": ("eng_mooncake", "", ("tcp",)),
     "nixl": ("eng_nixl", "thread", ("tcp", "shm")),
     "nixl-caller": ("eng_nixl", "caller", ("tcp", "shm")),
@@ -168,13 +170,14 @@ def prims(args: argparse.Namespace) -> None:
                 recs.append(record("primitives", ENGINE_NAME[e], t, configs[(e, t)], {"row": label}, "p99_us", unit, p99))
         write_jsonl(Path(args.out_dir) / f"{e}-primitives-{t}.jsonl", recs)
     peers = [e for e in ("mooncake", "nixl", "nixl-caller") if e in args.engines]
-    head = ["row", "via", "ours"] + [TITLE[e] for e in peers] + ["ours / best peer"]
+    extra = ["ours-busy"] if "ours-busy" in args.engines else []
+    head = ["row", "via", "ours"] + [TITLE[e] for e in extra + peers] + ["ours / best peer"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for t in args.transports:
         for key, label, unit in ROWS:
             cells_ = table.get((key, t), {})
             row = [label, t]
-            for e in ["ours"] + peers:
+            for e in ["ours"] + extra + peers:
                 v = cells_.get(e)
                 if v is None:
                     row.append("n/a")
@@ -268,9 +271,9 @@ def kv(args: argparse.Namespace) -> None:
     say(f"\nkv records: {args.kv_out_dir}/<engine>-kv-<transport>.jsonl")
 
 
-TITLE = {"ours": "ours", "mooncake": "Mooncake", "nixl": "NIXL", "nixl-caller": "NIXL caller"}
-ENGINE_NAME = {"ours": "ours", "mooncake": "mooncake", "nixl": "nixl", "nixl-caller": "nixl"}
-KV_NAME = {"ours": "ours-py", "mooncake": "mooncake", "nixl": "nixl", "nixl-caller": "nixl"}
+TITLE = {"ours": "ours", "ours-busy": "ours busy-poll", "mooncake": "Mooncake", "nixl": "NIXL", "nixl-caller": "NIXL caller"}
+ENGINE_NAME = {"ours": "ours", "ours-busy": "ours", "mooncake": "mooncake", "nixl": "nixl", "nixl-caller": "nixl"}
+KV_NAME = {"ours": "ours-py", "ours-busy": "ours-py-busy", "mooncake": "mooncake", "nixl": "nixl", "nixl-caller": "nixl"}
 
 
 def main() -> None:
