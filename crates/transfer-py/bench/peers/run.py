@@ -218,7 +218,9 @@ def kv(args: argparse.Namespace) -> None:
         cfg, out = run_pair("kv", e, t, p)
         res[(e, t)] = (cfg, {int(k): v for k, v in out.items()})
     note_mc = ("Mooncake's Python API carries a notification only on the synchronous batch call, "
-               "so each layer's batch blocks prefill until it landed (no overlap with later layers' compute)")
+               "so each layer's batch blocks prefill until it landed: no overlap with later layers' "
+               "compute, the compute end is pushed back by the transfers, and ttll (measured from the "
+               "compute end) counts only the last layer; compare kv_gbps")
     say("\n## kv (WORKLOADS.md) for the peers: time-to-last-layer p50 (us), kv GB/s\n")
     say("| transport | engine | C=500us ttll | C=0 ttll | kv GB/s (C=0) | hidden_frac |")
     say("|---|---|---|---|---|---|")
