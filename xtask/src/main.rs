@@ -31,6 +31,11 @@ commands:
   bench [options]     the main job: the engine between two processes on this
                       machine over the default provider, next to raw baselines
                       (--quick, --full, --provider P, --nics N)
+    --workload kv|weights|moe|all [--quick|--full] [--provider P]
+                      the paper's workloads (WORKLOADS.md in transfer-bench)
+                      over tcp and shm, the bound next to them, then the report
+                      of every *.jsonl in target/bench/workloads (peers' too);
+                      with --netns N [--link-rate R] on namespace hosts
     --netns N [--link-rate 1gbit] [--link-delay 1ms]
                       N network-namespace hosts on this machine (root)
     --hosts h1,h2,... real hosts over ssh; h1 drives, the others serve

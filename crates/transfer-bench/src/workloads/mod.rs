@@ -246,6 +246,7 @@ fn run(a: &RunArgs) -> Result<()> {
             ),
         };
         let mut ranks = Ranks::spawn(&opts, &places, &listen)?;
+        runner::start(&mut ranks, w)?;
         let medium = match &hosts {
             Some(h) if h.len() >= 2 && n >= 2 => Medium::Link {
                 rate: link_probe(&mut ranks, 1)?,
@@ -338,9 +339,15 @@ fn launch(a: &LaunchArgs) -> Result<()> {
         timeout: Duration::from_secs(a.rendezvous_timeout.clamp(1, 86_400)),
         ..Options::default()
     };
+    // The address the other ranks reach this host at (loopback when the
+    // rendezvous is local), and the engines bound there.
     let ip = match &opts.bind {
         Some(b) => b.clone(),
-        None => "127.0.0.1".into(),
+        None => crate::launched::route_to(&info.rendezvous.host, info.rendezvous.port)?.to_string(),
+    };
+    let opts = match ip.parse() {
+        Ok(addr) => crate::launched::with_bind(&opts, addr),
+        Err(_) => opts,
     };
     let listener = if info.rank == 0 {
         Some(TcpListener::bind((ip.as_str(), 0)).map_err(io("launch: bind the coordinator"))?)
@@ -371,6 +378,7 @@ fn launch(a: &LaunchArgs) -> Result<()> {
     };
     let coordinate = || -> Result<()> {
         let mut ranks = Ranks::accepted(&listener, need, Duration::from_secs(120))?;
+        runner::start(&mut ranks, &a.workload)?;
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let info_run = RunInfo {
             transport: opts.provider.clone().unwrap_or_else(|| "tcp".into()),

@@ -158,7 +158,15 @@ pub struct RunInfo {
     pub repeats: u64,
 }
 
-/// Runs every point of `workload` on `ranks` and writes
+/// Tells every rank which workload it runs (first message after Hello).
+pub fn start(ranks: &mut Ranks, workload: &str) -> Result<()> {
+    ranks.broadcast(&ToRank::Job(Job {
+        workload: workload.into(),
+        world: ranks.world(),
+    }))
+}
+
+/// Runs every point of `workload` on `ranks` (after [`start`]) and writes
 /// `ours-<workload>-<transport>.jsonl` and `bound-<workload>-<transport>.jsonl` in `out`.
 pub fn run_workload(
     ranks: &mut Ranks,
@@ -167,10 +175,6 @@ pub fn run_workload(
     info: &RunInfo,
     out: &Path,
 ) -> Result<Vec<PathBuf>> {
-    ranks.broadcast(&ToRank::Job(Job {
-        workload: workload.into(),
-        world: ranks.world(),
-    }))?;
     let mut ours = Vec::new();
     let mut bounds = Vec::new();
     let metrics = rank_metrics(workload);
