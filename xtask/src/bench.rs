@@ -340,6 +340,23 @@ pub fn workload_netns_run(bin: &str, a: &BenchArgs, n: usize, workload: &str) ->
     v
 }
 
+/// Namespace hosts of a workload run: at least one per rank of the
+/// largest workload asked for (kv 2, moe 4, weights 2 + 4), so that every
+/// rank has its own host and link, as the bound assumes.
+pub fn workload_hosts(workload: &str, asked: usize) -> usize {
+    let ranks = match workload {
+        "kv" => 2,
+        "moe" => 4,
+        _ => 6,
+    };
+    if asked < ranks {
+        eprintln!(
+            "bench: --workload {workload} runs {ranks} ranks, each on its own host: {ranks} namespace hosts instead of {asked}"
+        );
+    }
+    asked.max(ranks)
+}
+
 /// `cargo xtask bench --workload W`: transfer-bench runs the workloads,
 /// then its report reads every file in the directory.
 fn workloads(a: &BenchArgs, workload: &str) -> Result<(), String> {
@@ -347,6 +364,7 @@ fn workloads(a: &BenchArgs, workload: &str) -> Result<(), String> {
     let bin_s = bin.to_string_lossy().into_owned();
     std::fs::create_dir_all(WORKLOADS_DIR).map_err(|e| format!("{WORKLOADS_DIR}: {e}"))?;
     if let Some(n) = a.netns {
+        let n = workload_hosts(workload, n);
         lab::catch_ctrl_c();
         cleanup_namespaces();
         let lab = Lab;
@@ -459,6 +477,9 @@ mod tests {
         );
         assert!(cmd.contains("--netns-hosts xtb-h0=10.77.0.1,xtb-h1=10.77.0.2,xtb-h2=10.77.0.3"));
         assert!(cmd.contains("--link-rate 1gbit") && cmd.contains("--provider tcp"));
+        assert_eq!(workload_hosts("kv", 2), 2);
+        assert_eq!(workload_hosts("all", 3), 6);
+        assert_eq!(workload_hosts("moe", 8), 8);
     }
 
     #[test]

@@ -256,11 +256,19 @@ fn run(a: &RunArgs) -> Result<()> {
                 cores,
             },
         };
+        let note = match &hosts {
+            Some(h) if h.len() < n => format!(
+                "{n} ranks share {} namespace hosts (and their links); the bound assumes one rank per host",
+                h.len()
+            ),
+            _ => String::new(),
+        };
         let info = RunInfo {
             transport: transport.clone(),
             config: config(&opts, &layout)?,
             medium,
             repeats: a.sizes.repeats(),
+            note,
         };
         let result = runner::run_workload(&mut ranks, w, &points, &info, &a.out_dir);
         ranks.bye();
@@ -391,6 +399,7 @@ fn launch(a: &LaunchArgs) -> Result<()> {
                 cores,
             },
             repeats: a.sizes.repeats(),
+            note: "launched job: the bound is rank 0 host's memcpy rate (right on one host; across hosts it should be a link's rate)".into(),
         };
         let r = runner::run_workload(&mut ranks, &a.workload, &points, &info_run, &a.out_dir);
         ranks.bye();

@@ -156,6 +156,8 @@ pub struct RunInfo {
     pub medium: Medium,
     /// Timed iterations per point.
     pub repeats: u64,
+    /// Why our rows of this run are not like for like (empty when they are).
+    pub note: String,
 }
 
 /// Tells every rank which workload it runs (first message after Hello).
@@ -228,10 +230,19 @@ pub fn run_workload(
         bounds.extend(bound_records(workload, point, info)?);
     }
     derived(workload, &mut ours, &bounds, info);
-    if workload == "weights" {
-        for r in &mut ours {
-            r.note = weights::NOTE.into();
-        }
+    for r in &mut ours {
+        let notes: Vec<&str> = [
+            if workload == "weights" {
+                weights::NOTE
+            } else {
+                ""
+            },
+            info.note.as_str(),
+        ]
+        .into_iter()
+        .filter(|n| !n.is_empty())
+        .collect();
+        r.note = notes.join("; ");
     }
     let a = records::write(out, "ours", workload, &info.transport, &ours)?;
     let b = records::write(out, "bound", workload, &info.transport, &bounds)?;

@@ -55,6 +55,11 @@ impl Armed {
     }
 
     /// Polls (yielding) until the counter reached its target or `deadline` passed.
+    ///
+    /// Yielding, not sleeping: with waits that slept 50 µs between polls
+    /// after 200 µs of yielding, kv `--quick` over tcp took 58-67 ms to the
+    /// last layer against 22-35 ms with yielding (two runs each, release
+    /// build, load average ~8 on 2 cores).
     pub fn wait(&self, deadline: Instant) -> Result<()> {
         while !self.is_set() {
             if let Some(e) = self.arm.error() {
