@@ -110,7 +110,20 @@ pub fn moe_us(count: &[Vec<u64>], row: u64, medium: &Medium) -> f64 {
 /// Receives one probe stream on `listener`; returns its rate in bytes/s
 /// (first byte to last, so the connection set-up is not counted).
 pub fn probe_recv(l: &TcpListener) -> Result<f64> {
-    let (mut s, _) = l.accept().map_err(io("link probe: accept"))?;
+    l.set_nonblocking(true)
+        .map_err(io("link probe: set_nonblocking"))?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut s = loop {
+        match l.accept() {
+            Ok((s, _)) => break s,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => return Err(io("link probe: accept")(e)),
+        }
+    };
+    s.set_nonblocking(false)
+        .map_err(io("link probe: set_nonblocking"))?;
     s.set_read_timeout(Some(Duration::from_secs(120)))
         .map_err(io("link probe: set_read_timeout"))?;
     let mut buf = vec![0u8; 1 << 20];

@@ -34,9 +34,7 @@ pub fn setup(ctx: &Ctx, params: &serde_json::Value) -> Result<Box<dyn RankWork>>
             ctx.world
         )));
     }
-    if p.pool_pages() > u64::from(u32::MAX) || p.layers >= 1 << 20 || p.pages_per_layer >= 1 << 20 {
-        return Err(BenchError::Usage("kv: too many pages".into()));
-    }
+    p.check().map_err(BenchError::Usage)?;
     let len = if ctx.rank == 0 {
         p.total_bytes()
     } else {
@@ -183,7 +181,7 @@ impl Kv {
                     &ctx.engine,
                     imm::kv(r, l, p.layers),
                     per_write,
-                    it + 1,
+                    it.wrapping_add(1),
                     "a kv layer",
                 ));
             }

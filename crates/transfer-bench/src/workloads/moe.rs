@@ -81,11 +81,6 @@ pub fn setup(ctx: &Ctx, params: &serde_json::Value) -> Result<Box<dyn RankWork>>
             p.ranks, ctx.world
         )));
     }
-    if p.tokens >= 1 << 31 || p.hidden == 0 {
-        return Err(BenchError::Usage(
-            "moe: tokens or hidden out of range".into(),
-        ));
-    }
     let rt = p.routing();
     let layouts: Vec<Layout> = (0..ctx.world).map(|r| layout(&rt, &p, r)).collect();
     let len = usize::try_from(layouts[ctx.rank].len)
@@ -158,7 +153,13 @@ impl Moe {
                 )?;
             }
         }
-        let armed = signal::arm(&ctx.engine, imm::DISPATCH, count, it + 1, "dispatch rows");
+        let armed = signal::arm(
+            &ctx.engine,
+            imm::DISPATCH,
+            count,
+            it.wrapping_add(1),
+            "dispatch rows",
+        );
         ctx.barrier(peers, imm::barrier(0, it))?;
         let start = Instant::now();
         let mut flags: Vec<Arc<DoneFlag>> = Vec::new();
@@ -244,7 +245,13 @@ impl Moe {
                 )?;
             }
         }
-        let armed = signal::arm(&ctx.engine, imm::COMBINE, count, it + 1, "combine rows");
+        let armed = signal::arm(
+            &ctx.engine,
+            imm::COMBINE,
+            count,
+            it.wrapping_add(1),
+            "combine rows",
+        );
         ctx.barrier(peers, imm::barrier(1, it))?;
         let start = Instant::now();
         let mut flags: Vec<Arc<DoneFlag>> = Vec::new();

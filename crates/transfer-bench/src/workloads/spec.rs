@@ -107,6 +107,32 @@ impl KvParams {
         self.requests * self.request_bytes()
     }
 
+    /// Checks the sizes (they come over the side channel): every product
+    /// the workload forms fits, the pool's page indices fit a u32, and the
+    /// tag's fields do not overlap.
+    pub fn check(&self) -> Result<(), String> {
+        let bytes = self
+            .requests
+            .checked_mul(self.layers)
+            .and_then(|x| x.checked_mul(self.pages_per_layer))
+            .and_then(|x| x.checked_mul(2))
+            .and_then(|x| x.checked_mul(self.page_bytes));
+        if self.layers == 0
+            || self.pages_per_layer == 0
+            || self.page_bytes == 0
+            || self.requests == 0
+            || self.layers >= 1 << 20
+            || self.pages_per_layer >= 1 << 20
+            || self.requests >= 1 << 16
+            || self.compute_us > 10_000_000
+            || bytes.is_none_or(|b| b > 1 << 40)
+            || self.pool_pages() > u64::from(u32::MAX)
+        {
+            return Err(format!("kv: sizes out of range: {self:?}"));
+        }
+        Ok(())
+    }
+
     /// Tag of page (r, l, p).
     pub fn tag(r: u64, l: u64, p: u64) -> u64 {
         (r << 40) | (l << 20) | p
@@ -191,6 +217,15 @@ impl MoeParams {
                 "moe: experts ({}) must be a non-zero multiple of ranks ({})",
                 self.experts, self.ranks
             ));
+        }
+        if self.ranks > 1024
+            || self.tokens > 1 << 20
+            || self.hidden == 0
+            || self.hidden > 1 << 20
+            || self.experts > 1 << 20
+            || self.tokens * self.hidden > 1 << 34
+        {
+            return Err(format!("moe: sizes out of range: {self:?}"));
         }
         if self.topk == 0 || self.topk > self.experts {
             return Err(format!(
@@ -336,5 +371,51 @@ mod tests {
             }
         }
         assert!(MoeParams { experts: 255, ..p }.check().is_err());
+        assert!(
+            MoeParams {
+                tokens: u64::MAX,
+                ..p
+            }
+            .check()
+            .is_err()
+        );
+        assert!(
+            MoeParams {
+                hidden: u64::MAX,
+                ..p
+            }
+            .check()
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn kv_sizes_from_the_side_channel_are_checked() {
+        let p = KvParams {
+            layers: 32,
+            pages_per_layer: 64,
+            page_bytes: 16384,
+            requests: 4,
+            compute_us: 500,
+            seed: 1,
+        };
+        assert_eq!(p.check(), Ok(()));
+        assert!(
+            KvParams {
+                page_bytes: u64::MAX,
+                ..p
+            }
+            .check()
+            .is_err()
+        );
+        assert!(KvParams { requests: 0, ..p }.check().is_err());
+        assert!(
+            KvParams {
+                layers: 1 << 20,
+                ..p
+            }
+            .check()
+            .is_err()
+        );
     }
 }

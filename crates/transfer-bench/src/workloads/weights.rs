@@ -42,9 +42,9 @@ pub fn setup(ctx: &Ctx, params: &serde_json::Value) -> Result<Box<dyn RankWork>>
             p.trainers, p.inference, ctx.world
         )));
     }
-    if p.total_bytes == 0 || p.total_bytes % 4096 != 0 {
+    if p.total_bytes == 0 || p.total_bytes % 4096 != 0 || p.total_bytes > 1 << 40 {
         return Err(BenchError::Usage(
-            "weights: S must be a non-zero multiple of 4 KiB".into(),
+            "weights: S must be a non-zero multiple of 4 KiB, at most 1 TiB".into(),
         ));
     }
     let len = usize::try_from(p.total_bytes)
@@ -145,7 +145,7 @@ impl Weights {
                     &ctx.engine,
                     imm::weights(m as usize),
                     count,
-                    it + 1,
+                    it.wrapping_add(1),
                     "a trainer's tensors",
                 ));
             }
