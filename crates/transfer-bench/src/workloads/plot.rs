@@ -1,4 +1,4 @@
-//! One SVG per workload: time against size (log-log), one line per engine
+//! One SVG (and a PNG of it) per workload: time against size (log-log), one line per engine
 //! (and transport, and variant: kv's compute time, moe's phase).
 
 use std::collections::BTreeMap;
@@ -72,28 +72,41 @@ pub fn write_all(records: &[Record], dir: &Path) -> Result<Vec<PathBuf>, String>
         for pts in series.values_mut() {
             pts.sort_by(|a, b| a.0.total_cmp(&b.0));
         }
-        let path = dir.join(format!("{w}.svg"));
+        let title = format!("{w}: time vs size");
+        let svg = dir.join(format!("{w}.svg"));
         draw(
-            &path,
-            &format!("{w}: time vs size"),
+            SVGBackend::new(&svg, (900, 540)).into_drawing_area(),
+            &title,
             x_label,
             y_label,
             &series,
         )?;
-        files.push(path);
+        files.push(svg);
+        // A PNG next to it, as the primitives' plots have, for viewers without SVG.
+        let png = dir.join(format!("{w}.png"));
+        draw(
+            BitMapBackend::new(&png, (900, 540)).into_drawing_area(),
+            &title,
+            x_label,
+            y_label,
+            &series,
+        )?;
+        files.push(png);
     }
     Ok(files)
 }
 
-fn draw(
-    path: &Path,
+fn draw<DB: DrawingBackend>(
+    root: DrawingArea<DB, plotters::coord::Shift>,
     title: &str,
     x_label: &str,
     y_label: &str,
     series: &BTreeMap<String, Vec<(f64, f64)>>,
-) -> Result<(), String> {
+) -> Result<(), String>
+where
+    DB::ErrorType: 'static,
+{
     let err = |e: &dyn std::fmt::Display| e.to_string();
-    let root = SVGBackend::new(path, (900, 540)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(&e))?;
     let all = series.values().flatten();
     let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
