@@ -452,6 +452,9 @@ pub fn smoke(bench: &Path) -> Result<(), String> {
             ));
         }
     }
+    for t in [&TCP, &SHM] {
+        check_transport(&bin, t, &dir, &version)?;
+    }
     let bench = std::fs::canonicalize(bench).map_err(|e| {
         format!(
             "the Open MPI smoke pass runs {} (built by the tests step): {e}",
@@ -471,6 +474,62 @@ pub fn smoke(bench: &Path) -> Result<(), String> {
     eprintln!(
         "==> the Open MPI smoke pass: ok ({:.1} s)",
         start.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// What Open MPI's BTL selection prints (`btl_base_verbose`) when the ranks
+/// talk over transport `t`, and what it must not print then.
+pub fn transport_evidence(t: &Transport) -> (&'static str, &'static str) {
+    if t.label == "tcp" {
+        ("Using tcp btl for send", "Using vader btl")
+    } else {
+        ("Using vader btl for send", "Using tcp btl")
+    }
+}
+
+/// Runs the kv smoke once more with the BTL selection printed and checks the
+/// ranks reach each other over the transport the records claim.
+fn check_transport(bin: &Path, t: &Transport, dir: &Path, version: &str) -> Result<(), String> {
+    let out = dir.join(format!("transport-check-{}.jsonl", t.label));
+    let mut argv = command(
+        bin,
+        Workload::Kv,
+        Size::Smoke,
+        t,
+        &out,
+        version,
+        None,
+        None,
+        deps::is_root(),
+    );
+    // After mpirun's own options, before the program.
+    let at = argv.iter().position(|a| a == "-np").map_or(1, |i| i + 2);
+    for (i, a) in ["--mca", "btl_base_verbose", "100"].iter().enumerate() {
+        argv.insert(at + i, a.to_string());
+    }
+    let (prog, args) = argv.split_first().ok_or("empty command")?;
+    let o = Command::new(prog)
+        .args(args)
+        .current_dir(workspace_root())
+        .output()
+        .map_err(|e| format!("openmpi transport check: could not start {prog}: {e}"))?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let (must, must_not) = transport_evidence(t);
+    if !o.status.success() || !text.contains(must) || text.contains(must_not) {
+        return Err(format!(
+            "openmpi transport check over {}: expected `{must}` and no `{must_not}` in the \
+             BTL selection ({}); output:\n{text}",
+            t.label, o.status
+        ));
+    }
+    eprintln!(
+        "==> openmpi transport check: {} ranks use {must:?}",
+        t.label
     );
     Ok(())
 }
@@ -610,6 +669,8 @@ mod tests {
             "{m}"
         );
         assert!(!m.contains("--notify") && !m.contains("--note"), "{m}");
+        assert_eq!(transport_evidence(&TCP).0, "Using tcp btl for send");
+        assert_eq!(transport_evidence(&SHM).1, "Using tcp btl");
         let (ranks, w) = workload_args(Workload::Weights, Size::Default);
         assert_eq!((ranks, w), (6, s(&["--total-bytes", "268435456"])));
         assert_eq!(

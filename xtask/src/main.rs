@@ -25,7 +25,8 @@ usage: cargo xtask <command> [options]
 commands:
   test [--no-vm] [--no-ggml] [--no-python] [--python-only]
                       install what is needed, then fmt check, clippy -D warnings,
-                      every test of the workspace, transfer-rpc against real
+                      every test of the workspace, the Open MPI smoke pass
+                      (mpi-smoke below), transfer-rpc against real
                       ggml / llama.cpp, the Python package's pytest suite, and
                       the verbs suite on soft-RoCE in a VM (the CI command; the
                       flags skip steps, --python-only runs just that one)

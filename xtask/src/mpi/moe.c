@@ -7,6 +7,7 @@
  * receive region of their source rank at slot k. Combine: one
  * MPI_Alltoallv of the bf16 rows back (same slots), then the f32 weighted
  * sum of each token's rows (timed). */
+#define _POSIX_C_SOURCE 200809L
 #include <mpi.h>
 #include <limits.h>
 #include <stdlib.h>
@@ -242,7 +243,12 @@ int moe_main(struct opts *o, const struct run_cfg *c, char *err, size_t errlen) 
         snprintf(err, errlen, "--tokens is empty");
         return 2;
     }
-    FILE *f = m.me == 0 ? open_out(c) : NULL;
+    /* Records are kept in memory until every point passed its checks: a
+     * failed run leaves no file behind. */
+    char *text = NULL;
+    size_t text_len = 0;
+    FILE *f = m.me == 0 ? open_memstream(&text, &text_len) : NULL;
+    if (m.me == 0 && f == NULL) die_all("moe: open_memstream failed");
     char config[1024];
     snprintf(config, sizeof config,
              "%s; MPI_Alltoallv of MPI_BYTE for dispatch and for combine, routing "
@@ -255,6 +261,12 @@ int moe_main(struct opts *o, const struct run_cfg *c, char *err, size_t errlen) 
         m.T = list[i];
         run_point(&m, c, &rc, &it);
     }
-    if (f != NULL && fclose(f) != 0) die_all("moe: writing the records failed");
+    if (f != NULL) {
+        if (fclose(f) != 0) die_all("moe: keeping the records failed");
+        FILE *out = open_out(c);
+        if (fwrite(text, 1, text_len, out) != text_len || fclose(out) != 0)
+            die_all("moe: writing the records failed");
+        free(text);
+    }
     return 0;
 }
