@@ -16,10 +16,11 @@ use std::time::{Instant, SystemTime};
 use crate::{deps, step};
 
 /// The C sources (one concern each), under `xtask/src/mpi/`.
-const SOURCES: [&str; 6] = [
+const SOURCES: [&str; 7] = [
     "common.h",
     "common.c",
     "main.c",
+    "selftest.c",
     "kv.c",
     "weights.c",
     "moe.c",
@@ -409,7 +410,8 @@ fn has_verified_record(path: &Path) -> bool {
     })
 }
 
-/// The smoke pass of `cargo xtask test`: each workload at a tiny size under
+/// The smoke pass of `cargo xtask test`: the program's selftest, each
+/// workload at a tiny size under
 /// mpirun over tcp and shm, then our
 /// own `transfer-bench launch` (`bench`, already built) as an mpirun job of
 /// two ranks. Skipped, with the reason, where Open MPI cannot be installed.
@@ -421,6 +423,11 @@ pub fn smoke(bench: &Path) -> Result<(), String> {
     }
     let bin = build()?;
     let root = workspace_root();
+    // The RNG and the fill pattern against the spec (no mpirun).
+    step::run(
+        "openmpi smoke: selftest",
+        Command::new(&bin).arg("selftest"),
+    )?;
     let dir = target_dir().join("mpi/smoke");
     // Only this run's records count.
     let _ = std::fs::remove_dir_all(&dir);

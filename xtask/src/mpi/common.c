@@ -32,16 +32,26 @@ void sm_shuffle(uint64_t *out, uint64_t n, uint64_t seed) {
     }
 }
 
-/* Byte i >= 8 of a unit: (h + i*131 + (i >> 12)) mod 256, wrapping u64. */
-static inline uint8_t pattern_byte(uint64_t h, uint64_t i) {
-    return (uint8_t)(h + i * 131u + (i >> 12));
+/* Byte i >= 8 of a unit is (h + i*131 + (i >> 12)) mod 256 (wrapping u64).
+ * Mod 256 that is (h + (i >> 12)) + (i mod 256) * 131: inside a 4096-byte
+ * block the bytes repeat one 256-byte row, so fill copies the row and the
+ * check compares against it (byte by byte both ran at ~0.3-0.4 GB/s here,
+ * which made the fill and check of 256 MiB units take seconds). */
+static void block_row(uint8_t row[256], uint64_t h, uint64_t block) {
+    uint8_t base = (uint8_t)(h + block);
+    for (unsigned j = 0; j < 256; j++) row[j] = (uint8_t)(base + (uint8_t)(j * 131u));
 }
 
 void fill_unit(uint8_t *p, size_t n, uint64_t tag, uint64_t it) {
     uint64_t h = sm_mix(tag ^ (it << 48));
+    uint8_t row[256];
+    for (size_t b = 0; b < n; b += 4096) {
+        block_row(row, h, b >> 12);
+        size_t e = n - b < 4096 ? n : b + 4096;
+        for (size_t o = b; o < e; o += 256) memcpy(p + o, row, e - o < 256 ? e - o : 256);
+    }
     size_t head = n < 8 ? n : 8;
     for (size_t i = 0; i < head; i++) p[i] = (uint8_t)(h >> (8 * i));
-    for (size_t i = 8; i < n; i++) p[i] = pattern_byte(h, i);
 }
 
 long long check_unit(const uint8_t *p, size_t n, uint64_t tag, uint64_t it) {
@@ -49,8 +59,18 @@ long long check_unit(const uint8_t *p, size_t n, uint64_t tag, uint64_t it) {
     size_t head = n < 8 ? n : 8;
     for (size_t i = 0; i < head; i++)
         if (p[i] != (uint8_t)(h >> (8 * i))) return (long long)i;
-    for (size_t i = 8; i < n; i++)
-        if (p[i] != pattern_byte(h, i)) return (long long)i;
+    uint8_t row[256];
+    for (size_t b = 0; b < n; b += 4096) {
+        block_row(row, h, b >> 12);
+        size_t e = n - b < 4096 ? n : b + 4096;
+        for (size_t o = b < 8 ? 8 : b; o < e;) {
+            size_t r = o & 255, len = e - o < 256 - r ? e - o : 256 - r;
+            if (memcmp(p + o, row + r, len) != 0)
+                for (size_t i = o; i < o + len; i++)
+                    if (p[i] != row[i & 255]) return (long long)i;
+            o += len;
+        }
+    }
     return -1;
 }
 

@@ -74,6 +74,9 @@ int kv_main(struct opts *o, const struct run_cfg *c, char *err, size_t errlen);
 int weights_main(struct opts *o, const struct run_cfg *c, char *err, size_t errlen);
 int moe_main(struct opts *o, const struct run_cfg *c, char *err, size_t errlen);
 
+/* `selftest`: 0 when the RNG and fill / check match the spec. */
+int selftest(void);
+
 /* Opens c->out for writing (rank 0), or aborts the job. */
 FILE *open_out(const struct run_cfg *c);
 

@@ -8,6 +8,7 @@
  *            --compute-us 500 --seed 1 --notify send|put      (np = 2)
  *   weights: --trainers 2 --inference 4 --total-bytes 268435456 --seed 1
  *            --variants put,bcast                             (np = M + N)
+ *   selftest (no mpirun): the RNG and the fill pattern against the spec
  *   moe:     --tokens 1,8,32,128 --hidden 7168 --experts 256 --topk 8
  *            --seed 1 [--ranks E]                             (np = E)
  */
@@ -22,6 +23,7 @@ static const char USAGE[] =
     "--out FILE.jsonl [--repeats 5] [--transport LABEL] [--config WORDS] [--note TEXT]";
 
 int main(int argc, char **argv) {
+    if (argc == 2 && strcmp(argv[1], "selftest") == 0) return selftest();
     MPI_Init(&argc, &argv);
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
