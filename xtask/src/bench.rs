@@ -411,6 +411,10 @@ pub fn vm_mode(a: &BenchArgs) -> &str {
 }
 
 pub fn run(args: &[String]) -> Result<(), String> {
+    // The Open MPI baseline of the workloads has its own options (bench_mpi.rs).
+    if args.iter().any(|a| a == "--mpi") {
+        return crate::bench_mpi::run(args);
+    }
     let a = parse(args)?;
     if a.vm {
         return crate::bench_vm::run(vm_mode(&a));

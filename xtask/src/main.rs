@@ -6,6 +6,7 @@
 mod backend_ops;
 mod bench;
 mod bench_llama;
+mod bench_mpi;
 mod bench_rpc;
 mod bench_vm;
 mod deps;
@@ -24,7 +25,8 @@ usage: cargo xtask <command> [options]
 commands:
   test [--no-vm] [--no-ggml] [--no-python] [--python-only]
                       install what is needed, then fmt check, clippy -D warnings,
-                      every test of the workspace, transfer-rpc against real
+                      every test of the workspace, the Open MPI smoke pass
+                      (mpi-smoke below), transfer-rpc against real
                       ggml / llama.cpp, the Python package's pytest suite, and
                       the verbs suite on soft-RoCE in a VM (the CI command; the
                       flags skip steps, --python-only runs just that one)
@@ -39,6 +41,11 @@ commands:
     --netns N [--link-rate 1gbit] [--link-delay 1ms]
                       N network-namespace hosts on this machine (root)
     --hosts h1,h2,... real hosts over ssh; h1 drives, the others serve
+    --mpi [--workload kv|weights|moe|all] [--transport tcp|shm|all] [--quick|--full]
+          [--out-dir D] [--repeats N] [--kv-notify send|put]
+                      the Open MPI baseline of the workloads (a C program built
+                      with mpicc, run under mpirun; records in D, default
+                      target/bench/workloads)
     --vm [--quick]    over the native verbs backend inside the soft-RoCE VM,
                       next to perftest (smoke mode unless --quick / --full)
   bench rpc [--stages 4] [--arms hub,direct,engine] [--repeats 3] [--rate 200mbit]
@@ -51,6 +58,9 @@ commands:
   bench llama-rpc [--llama-bin DIR] [--threads default,2,...] [--rounds N] [--model F] [--dev]
                       unmodified llama-bench --rpc over two of our servers vs two
                       stock rpc-servers of that llama.cpp build, side by side
+  mpi-smoke           only the Open MPI smoke pass of `test` (the workloads under
+                      mpirun, transfer-bench launch as an mpirun job; uses the
+                      tests step's target/debug/transfer-bench)
   verbs-vm            only the soft-RoCE VM step (transfer-verbs suite, engine link)
   backend-ops [--full] [-o OPS] [-p PARAMS] [--server PATH]
                       llama.cpp's test-backend-ops (mode test, unmodified, from
@@ -89,6 +99,7 @@ fn main() -> ExitCode {
         }
         Some("deps") => deps::ensure(&deps::RUNTIME),
         Some("verbs-vm") => test::verbs_vm(),
+        Some("mpi-smoke") => bench_mpi::smoke(&test::bench_binary()),
         Some("slurm-smoke") => slurm::run(&args[1..]),
         Some("help" | "--help" | "-h") | None => {
             print!("{USAGE}");
