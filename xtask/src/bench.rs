@@ -305,10 +305,42 @@ pub fn workload_runs(a: &BenchArgs, workload: &str) -> Vec<Vec<String>> {
             if let Some(p) = p {
                 v.extend(["--provider".into(), p.into()]);
             }
-            v.extend(a.passthrough.iter().cloned());
+            v.extend(a.passthrough.iter().filter(|p| *p != "--no-mpi").cloned());
             v
         })
         .collect()
+}
+
+/// The `bench --mpi` options that run the Open MPI baseline next to a local
+/// workloads run: the same workload, size and transports (tcp and shm, or
+/// the one `--provider` names; none for a provider Open MPI has no
+/// counterpart of here). `--no-mpi` leaves it out.
+pub fn mpi_baseline_args(a: &BenchArgs, workload: &str) -> Option<Vec<String>> {
+    if a.passthrough.iter().any(|p| p == "--no-mpi") {
+        return None;
+    }
+    let provider = a
+        .passthrough
+        .iter()
+        .position(|p| p == "--provider")
+        .and_then(|i| a.passthrough.get(i + 1));
+    let transport = match provider.map(String::as_str) {
+        None => "all",
+        Some("tcp") => "tcp",
+        Some("shm") => "shm",
+        Some(_) => return None,
+    };
+    let mut v: Vec<String> = ["--mpi", "--workload", workload, "--transport", transport]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    match a.mode.as_str() {
+        "quick" => v.push("--quick".into()),
+        "full" => v.push("--full".into()),
+        _ => {}
+    }
+    v.extend(["--out-dir".into(), WORKLOADS_DIR.into()]);
+    Some(v)
 }
 
 /// The netns form: the coordinator runs in host 0's namespace and starts
@@ -383,6 +415,11 @@ fn workloads(a: &BenchArgs, workload: &str) -> Result<(), String> {
         for args in workload_runs(a, workload) {
             step::run("workloads", Command::new(&bin).args(&args))?;
         }
+        // Open MPI side by side in the same run (the baseline): the
+        // same workload, size and transports, records into the same folder.
+        if let Some(mpi_args) = mpi_baseline_args(a, workload) {
+            crate::bench_mpi::run(&mpi_args)?;
+        }
     }
     step::run(
         "workloads report",
@@ -448,6 +485,37 @@ mod tests {
 
     fn s(v: &[&str]) -> Vec<String> {
         v.iter().map(|x| x.to_string()).collect()
+    }
+
+    #[test]
+    fn workloads_run_open_mpi_alongside() {
+        let a = parse(&s(&["--workload", "moe", "--quick"])).unwrap();
+        let v = mpi_baseline_args(&a, "moe").unwrap();
+        assert_eq!(
+            v,
+            s(&[
+                "--mpi",
+                "--workload",
+                "moe",
+                "--transport",
+                "all",
+                "--quick",
+                "--out-dir",
+                WORKLOADS_DIR
+            ])
+        );
+        let a = parse(&s(&["--workload", "kv", "--provider", "shm"])).unwrap();
+        assert!(
+            mpi_baseline_args(&a, "kv")
+                .unwrap()
+                .windows(2)
+                .any(|w| w == ["--transport", "shm"])
+        );
+        let a = parse(&s(&["--workload", "kv", "--provider", "udp"])).unwrap();
+        assert_eq!(mpi_baseline_args(&a, "kv"), None);
+        let a = parse(&s(&["--workload", "kv", "--no-mpi"])).unwrap();
+        assert_eq!(mpi_baseline_args(&a, "kv"), None);
+        assert!(!workload_runs(&a, "kv")[0].iter().any(|p| p == "--no-mpi"));
     }
 
     #[test]

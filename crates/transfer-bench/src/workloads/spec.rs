@@ -301,6 +301,23 @@ mod tests {
     }
 
     #[test]
+    fn agrees_with_the_open_mpi_programs_selftest() {
+        // What `transfer-mpi-workloads selftest` (xtask/src/mpi/selftest.c)
+        // prints: the C and Rust sides must move the same bytes to the same
+        // places, or their rows would not compare.
+        assert_eq!(shuffle(8, 1), vec![4, 3, 2, 7, 5, 6, 0, 1]);
+        let mut unit = [0u8; 16];
+        fill(&mut unit, 1, 0, 0);
+        assert_eq!(
+            unit,
+            [
+                0xc1, 0x5c, 0x02, 0x89, 0xec, 0x2d, 0x0a, 0x91, 0xd9, 0x5c, 0xdf, 0x62, 0xe5, 0x68,
+                0xeb, 0x6e
+            ]
+        );
+    }
+
+    #[test]
     fn shuffle_is_a_permutation() {
         let mut a = shuffle(1000, 7);
         assert_ne!(a, (0..1000).collect::<Vec<u32>>());
