@@ -27,6 +27,8 @@ pub struct BenchArgs {
     pub mode: String,
     /// Run inside the soft-RoCE VM over the native verbs backend.
     pub vm: bool,
+    /// The paper's workloads (kv, weights, moe or all) instead of the primitives.
+    pub workload: Option<String>,
 }
 
 pub fn parse(args: &[String]) -> Result<BenchArgs, String> {
@@ -67,6 +69,15 @@ pub fn parse(args: &[String]) -> Result<BenchArgs, String> {
                 }
             }
             "--vm" => out.vm = true,
+            "--workload" => {
+                let w = value("--workload")?;
+                if !["kv", "weights", "moe", "all"].contains(&w.as_str()) {
+                    return Err(format!(
+                        "bench: --workload takes kv, weights, moe or all, not {w:?}"
+                    ));
+                }
+                out.workload = Some(w);
+            }
             "--quick" => {
                 out.mode = "quick".into();
                 out.passthrough.push(a.clone());
@@ -80,6 +91,13 @@ pub fn parse(args: &[String]) -> Result<BenchArgs, String> {
     }
     if out.vm && (out.netns.is_some() || !out.hosts.is_empty()) {
         return Err("bench: --vm runs inside one VM; it excludes --netns and --hosts".into());
+    }
+    if out.workload.is_some() && (out.vm || !out.hosts.is_empty()) {
+        return Err(
+            "bench: --workload runs on this machine or on --netns hosts (not --vm / --hosts yet; \
+             across real hosts use `transfer-bench workloads launch` under srun / mpirun)"
+                .into(),
+        );
     }
     if out.netns.is_some() && !out.hosts.is_empty() {
         return Err("bench: --netns and --hosts exclude each other".into());
@@ -261,6 +279,154 @@ fn netns(a: &BenchArgs, n: usize) -> Result<(), String> {
     result
 }
 
+/// Where the workloads' JSON Lines files, report and plots go (the Open
+/// MPI and Python runs write theirs there too; the report merges them).
+pub const WORKLOADS_DIR: &str = "target/bench/workloads";
+
+/// The `transfer-bench workloads run` argument lists of a local run: one per
+/// provider (tcp and shm unless `--provider` was given), each without its
+/// own report (one report over the whole directory comes last).
+pub fn workload_runs(a: &BenchArgs, workload: &str) -> Vec<Vec<String>> {
+    let given = a.passthrough.iter().any(|p| p == "--provider");
+    let providers: Vec<Option<&str>> = if given {
+        vec![None]
+    } else {
+        vec![Some("tcp"), Some("shm")]
+    };
+    providers
+        .into_iter()
+        .map(|p| {
+            let mut v: Vec<String> = ["workloads", "run", "--workload", workload, "--out-dir"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+            v.push(WORKLOADS_DIR.into());
+            v.push("--no-report".into());
+            if let Some(p) = p {
+                v.extend(["--provider".into(), p.into()]);
+            }
+            v.extend(a.passthrough.iter().filter(|p| *p != "--no-mpi").cloned());
+            v
+        })
+        .collect()
+}
+
+/// The `bench --mpi` options that run the Open MPI baseline next to a local
+/// workloads run: the same workload, size and transports (tcp and shm, or
+/// the one `--provider` names; none for a provider Open MPI has no
+/// counterpart of here). `--no-mpi` leaves it out.
+pub fn mpi_baseline_args(a: &BenchArgs, workload: &str) -> Option<Vec<String>> {
+    if a.passthrough.iter().any(|p| p == "--no-mpi") {
+        return None;
+    }
+    let provider = a
+        .passthrough
+        .iter()
+        .position(|p| p == "--provider")
+        .and_then(|i| a.passthrough.get(i + 1));
+    let transport = match provider.map(String::as_str) {
+        None => "all",
+        Some("tcp") => "tcp",
+        Some("shm") => "shm",
+        Some(_) => return None,
+    };
+    let mut v: Vec<String> = ["--mpi", "--workload", workload, "--transport", transport]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    match a.mode.as_str() {
+        "quick" => v.push("--quick".into()),
+        "full" => v.push("--full".into()),
+        _ => {}
+    }
+    v.extend(["--out-dir".into(), WORKLOADS_DIR.into()]);
+    Some(v)
+}
+
+/// The netns form: the coordinator runs in host 0's namespace and starts
+/// each rank in a namespace host (round-robin), over tcp on the bridge.
+pub fn workload_netns_run(bin: &str, a: &BenchArgs, n: usize, workload: &str) -> Vec<String> {
+    let hosts: Vec<String> = (0..n)
+        .map(|i| format!("{}={}", ns(i), host_ip(i)))
+        .collect();
+    let mut v: Vec<String> = ["ip", "netns", "exec", &ns(0), bin, "workloads", "run"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    v.extend([
+        "--workload".into(),
+        workload.into(),
+        "--out-dir".into(),
+        WORKLOADS_DIR.into(),
+        "--no-report".into(),
+        "--netns-hosts".into(),
+        hosts.join(","),
+    ]);
+    if let Some(r) = &a.link_rate {
+        v.extend(["--link-rate".into(), r.clone()]);
+    }
+    if !a.passthrough.iter().any(|p| p == "--provider") {
+        v.extend(["--provider".into(), "tcp".into()]);
+    }
+    v.extend(a.passthrough.iter().cloned());
+    v
+}
+
+/// Namespace hosts of a workload run: at least one per rank of the
+/// largest workload asked for (kv 2, moe 4, weights 2 + 4), so that every
+/// rank has its own host and link, as the bound assumes.
+pub fn workload_hosts(workload: &str, asked: usize) -> usize {
+    let ranks = match workload {
+        "kv" => 2,
+        "moe" => 4,
+        _ => 6,
+    };
+    if asked < ranks {
+        eprintln!(
+            "bench: --workload {workload} runs {ranks} ranks, each on its own host: {ranks} namespace hosts instead of {asked}"
+        );
+    }
+    asked.max(ranks)
+}
+
+/// `cargo xtask bench --workload W`: transfer-bench runs the workloads,
+/// then its report reads every file in the directory.
+fn workloads(a: &BenchArgs, workload: &str) -> Result<(), String> {
+    let bin = release_binary()?;
+    let bin_s = bin.to_string_lossy().into_owned();
+    std::fs::create_dir_all(WORKLOADS_DIR).map_err(|e| format!("{WORKLOADS_DIR}: {e}"))?;
+    if let Some(n) = a.netns {
+        let n = workload_hosts(workload, n);
+        lab::catch_ctrl_c();
+        cleanup_namespaces();
+        let lab = Lab;
+        for cmd in netns_setup(n, a.link_rate.as_deref(), a.link_delay.as_deref()) {
+            run_cmd(&cmd)?;
+        }
+        let cmd = workload_netns_run(&bin_s, a, n, workload);
+        let (prog, args) = cmd.split_first().ok_or("empty command")?;
+        let result = step::run(
+            &format!("workloads across {n} namespace hosts"),
+            Command::new(prog).args(args),
+        );
+        drop(lab);
+        result?;
+    } else {
+        for args in workload_runs(a, workload) {
+            step::run("workloads", Command::new(&bin).args(&args))?;
+        }
+        // Open MPI side by side in the same run (the issue's baseline): the
+        // same workload, size and transports, records into the same folder.
+        if let Some(mpi_args) = mpi_baseline_args(a, workload) {
+            crate::bench_mpi::run(&mpi_args)?;
+        }
+    }
+    step::run(
+        "workloads report",
+        Command::new(&bin).args(["workloads", "report", "--dir", WORKLOADS_DIR]),
+    )
+}
+
 fn hosts(a: &BenchArgs) -> Result<(), String> {
     let bin = release_binary()?;
     std::fs::create_dir_all("target/bench/hosts").map_err(|e| e.to_string())?;
@@ -282,11 +448,18 @@ pub fn vm_mode(a: &BenchArgs) -> &str {
 }
 
 pub fn run(args: &[String]) -> Result<(), String> {
+    // The Open MPI baseline of the workloads has its own options (bench_mpi.rs).
+    if args.iter().any(|a| a == "--mpi") {
+        return crate::bench_mpi::run(args);
+    }
     let a = parse(args)?;
     if a.vm {
         return crate::bench_vm::run(vm_mode(&a));
     }
     deps::ensure(&deps::RUNTIME)?;
+    if let Some(w) = &a.workload {
+        return workloads(&a, w);
+    }
     if let Some(n) = a.netns {
         return netns(&a, n);
     }
@@ -312,6 +485,73 @@ mod tests {
 
     fn s(v: &[&str]) -> Vec<String> {
         v.iter().map(|x| x.to_string()).collect()
+    }
+
+    #[test]
+    fn workloads_run_open_mpi_alongside() {
+        let a = parse(&s(&["--workload", "moe", "--quick"])).unwrap();
+        let v = mpi_baseline_args(&a, "moe").unwrap();
+        assert_eq!(
+            v,
+            s(&[
+                "--mpi",
+                "--workload",
+                "moe",
+                "--transport",
+                "all",
+                "--quick",
+                "--out-dir",
+                WORKLOADS_DIR
+            ])
+        );
+        let a = parse(&s(&["--workload", "kv", "--provider", "shm"])).unwrap();
+        assert!(
+            mpi_baseline_args(&a, "kv")
+                .unwrap()
+                .windows(2)
+                .any(|w| w == ["--transport", "shm"])
+        );
+        let a = parse(&s(&["--workload", "kv", "--provider", "udp"])).unwrap();
+        assert_eq!(mpi_baseline_args(&a, "kv"), None);
+        let a = parse(&s(&["--workload", "kv", "--no-mpi"])).unwrap();
+        assert_eq!(mpi_baseline_args(&a, "kv"), None);
+        assert!(!workload_runs(&a, "kv")[0].iter().any(|p| p == "--no-mpi"));
+    }
+
+    #[test]
+    fn workloads_pass_through_to_transfer_bench() {
+        let a = parse(&s(&["--workload", "kv", "--quick"])).unwrap();
+        let runs = workload_runs(&a, "kv");
+        assert_eq!(runs.len(), 2, "tcp and shm");
+        let text: Vec<String> = runs.iter().map(|r| r.join(" ")).collect();
+        assert!(
+            text[0].starts_with("workloads run --workload kv --out-dir target/bench/workloads")
+        );
+        assert!(text[0].contains("--provider tcp") && text[0].ends_with("--quick"));
+        assert!(text[1].contains("--provider shm"));
+        let a = parse(&s(&["--workload", "moe", "--provider", "shm"])).unwrap();
+        assert_eq!(workload_runs(&a, "moe").len(), 1);
+        assert!(parse(&s(&["--workload", "nope"])).is_err());
+        assert!(parse(&s(&["--workload", "kv", "--vm"])).is_err());
+        let a = parse(&s(&[
+            "--workload",
+            "all",
+            "--netns",
+            "3",
+            "--link-rate",
+            "1gbit",
+        ]))
+        .unwrap();
+        let cmd = workload_netns_run("/b", &a, 3, "all").join(" ");
+        assert!(
+            cmd.starts_with("ip netns exec xtb-h0 /b workloads run --workload all"),
+            "{cmd}"
+        );
+        assert!(cmd.contains("--netns-hosts xtb-h0=10.77.0.1,xtb-h1=10.77.0.2,xtb-h2=10.77.0.3"));
+        assert!(cmd.contains("--link-rate 1gbit") && cmd.contains("--provider tcp"));
+        assert_eq!(workload_hosts("kv", 2), 2);
+        assert_eq!(workload_hosts("all", 3), 6);
+        assert_eq!(workload_hosts("moe", 8), 8);
     }
 
     #[test]

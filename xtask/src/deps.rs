@@ -116,6 +116,21 @@ pub const VERBS_VM: [Package; 7] = [
     },
 ];
 
+/// Open MPI, the baseline of the workloads (`cargo xtask bench --mpi`, the
+/// MPI smoke pass of `cargo xtask test`): mpirun and the mpicc wrapper.
+pub const OPENMPI: [Package; 2] = [
+    Package {
+        name: "openmpi-bin",
+        probes: &["/usr/bin/mpirun"],
+        why: "mpirun, the launcher of the Open MPI workload baseline",
+    },
+    Package {
+        name: "libopenmpi-dev",
+        probes: &["/usr/bin/mpicc"],
+        why: "mpicc and mpi.h, to build the Open MPI workload baseline",
+    },
+];
+
 /// Whether `pattern` names an existing file; one `*` may stand for part of
 /// a directory name (e.g. `/usr/lib/llvm-*/lib/libclang.so`).
 fn probe_exists(pattern: &str) -> bool {
@@ -137,7 +152,7 @@ fn present(p: &Package) -> bool {
     p.probes.iter().any(|f| probe_exists(f))
 }
 
-fn is_root() -> bool {
+pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions. Declared here to keep xtask std-only.
     unsafe { geteuid() == 0 }
 }

@@ -6,6 +6,7 @@
 mod backend_ops;
 mod bench;
 mod bench_llama;
+mod bench_mpi;
 mod bench_peers;
 mod bench_rpc;
 mod bench_vm;
@@ -25,16 +26,27 @@ usage: cargo xtask <command> [options]
 commands:
   test [--no-vm] [--no-ggml] [--no-python] [--python-only]
                       install what is needed, then fmt check, clippy -D warnings,
-                      every test of the workspace, transfer-rpc against real
+                      every test of the workspace, the Open MPI smoke pass
+                      (mpi-smoke below), transfer-rpc against real
                       ggml / llama.cpp, the Python package's pytest suite, and
                       the verbs suite on soft-RoCE in a VM (the CI command; the
                       flags skip steps, --python-only runs just that one)
   bench [options]     the main job: the engine between two processes on this
                       machine over the default provider, next to raw baselines
                       (--quick, --full, --provider P, --nics N)
+    --workload kv|weights|moe|all [--quick|--full] [--provider P]
+                      the paper's workloads (WORKLOADS.md in transfer-bench)
+                      over tcp and shm, the bound next to them, then the report
+                      of every *.jsonl in target/bench/workloads (peers' too);
+                      with --netns N [--link-rate R] on namespace hosts
     --netns N [--link-rate 1gbit] [--link-delay 1ms]
                       N network-namespace hosts on this machine (root)
     --hosts h1,h2,... real hosts over ssh; h1 drives, the others serve
+    --mpi [--workload kv|weights|moe|all] [--transport tcp|shm|all] [--quick|--full]
+          [--out-dir D] [--repeats N] [--kv-notify send|put]
+                      the Open MPI baseline of the workloads (a C program built
+                      with mpicc, run under mpirun; records in D, default
+                      target/bench/workloads)
     --peers [--quick] [--repeats 3] [--transports tcp,shm] [--engines ours,mooncake,nixl,nixl-caller] [--no-kv]
                       ours from Python next to NVIDIA NIXL and Mooncake TE (pinned, from
                       PyPI into target/peers-venv), issue 20's rows + the kv workload
@@ -50,6 +62,9 @@ commands:
   bench llama-rpc [--llama-bin DIR] [--threads default,2,...] [--rounds N] [--model F] [--dev]
                       unmodified llama-bench --rpc over two of our servers vs two
                       stock rpc-servers of that llama.cpp build, side by side
+  mpi-smoke           only the Open MPI smoke pass of `test` (the workloads under
+                      mpirun, transfer-bench launch as an mpirun job; uses the
+                      tests step's target/debug/transfer-bench)
   verbs-vm            only the soft-RoCE VM step (transfer-verbs suite, engine link)
   backend-ops [--full] [-o OPS] [-p PARAMS] [--server PATH]
                       llama.cpp's test-backend-ops (mode test, unmodified, from
@@ -89,6 +104,7 @@ fn main() -> ExitCode {
         }
         Some("deps") => deps::ensure(&deps::RUNTIME),
         Some("verbs-vm") => test::verbs_vm(),
+        Some("mpi-smoke") => bench_mpi::smoke(&test::bench_binary()),
         Some("slurm-smoke") => slurm::run(&args[1..]),
         Some("help" | "--help" | "-h") | None => {
             print!("{USAGE}");

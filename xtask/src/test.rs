@@ -63,6 +63,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
             ])
             .env(REQUIRE_ENV, REQUIRE_HOST),
     )?;
+    // The tests step built target/debug/transfer-bench (its launch test needs it).
+    crate::bench_mpi::smoke(&bench_binary())?;
     if python {
         python_package()?;
     } else {
@@ -80,6 +82,12 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
     eprintln!("==> all checks passed");
     Ok(())
+}
+
+/// The debug transfer-bench of the tests step.
+pub fn bench_binary() -> std::path::PathBuf {
+    let target = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into());
+    std::path::Path::new(&target).join("debug/transfer-bench")
 }
 
 /// The target directory of the ggml step: GGML_* options reach cmake only

@@ -177,7 +177,7 @@ fn server_addrs(list: &[Vec<u8>]) -> Result<Vec<SocketAddr>> {
 
 /// The local IP the kernel would use to reach `host` (no packet is sent:
 /// connecting a UDP socket only picks the route).
-fn route_to(host: &str, port: u16) -> Result<IpAddr> {
+pub(crate) fn route_to(host: &str, port: u16) -> Result<IpAddr> {
     let target = (host, port)
         .to_socket_addrs()
         .map_err(io("launch: resolve the rendezvous host"))?
@@ -194,7 +194,7 @@ fn route_to(host: &str, port: u16) -> Result<IpAddr> {
 
 /// Endpoints bind where the side channel is reachable; loopback keeps the
 /// bench's default (no `--bind`).
-fn with_bind(opts: &BackendOpts, ip: IpAddr) -> BackendOpts {
+pub(crate) fn with_bind(opts: &BackendOpts, ip: IpAddr) -> BackendOpts {
     let mut o = opts.clone();
     o.bind = bind_for(o.bind.take(), ip);
     o

@@ -23,6 +23,7 @@ mod server;
 mod stats;
 mod sweeps;
 mod verify;
+mod workloads;
 
 use std::io::Write as _;
 use std::net::TcpListener;
@@ -136,6 +137,9 @@ enum Cmd {
     },
     /// One rank of a launched job (srun, mpirun, torchrun-style or TRANSFER_* variables): rank 0 drives, the others serve.
     Launch(launched::LaunchCmd),
+    /// The paper's workloads (kv, weights, moe) over the engine, the bound next to them, and the report.
+    #[command(subcommand)]
+    Workloads(workloads::Cmd),
 }
 
 fn main() -> ExitCode {
@@ -182,6 +186,7 @@ fn real_main(cli: Cli) -> Result<()> {
             run::drive(&peers, &common.opts()?, &Plan::new(mode), &out, &layout).map(|_| ())
         }
         Cmd::Launch(cmd) => launched::run(&cmd.common.opts()?, &cmd.args()),
+        Cmd::Workloads(cmd) => workloads::main(cmd),
     }
 }
 

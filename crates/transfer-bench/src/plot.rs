@@ -14,7 +14,7 @@ const FONTS: [&str; 3] = [
 ];
 
 /// Registers a font once; false when none is installed.
-fn font_ready() -> bool {
+pub(crate) fn font_ready() -> bool {
     static READY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *READY.get_or_init(|| {
         for f in FONTS {

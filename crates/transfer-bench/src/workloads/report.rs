@@ -1,0 +1,273 @@
+//! `workloads report`: every record in a directory as one table per
+//! workload, ours next to the bound and the peers (whatever *.jsonl files
+//! the Open MPI and Python runs left there), with the ratios
+//! ours / best peer and ours / bound per row; also written as `report.md`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use crate::error::{Result, io};
+use crate::workloads::records::{self, Record};
+
+/// Peer engines (not ours, not the bound).
+pub const PEERS: [&str; 3] = ["openmpi", "nixl", "mooncake"];
+
+/// Whether a smaller value is better for this unit.
+pub fn lower_is_better(unit: &str) -> bool {
+    matches!(unit, "us" | "s")
+}
+
+/// A table row: (transport, params key, metric).
+type RowKey = (String, String, String);
+
+/// How rows sort: transport, the params' numbers in the workload's order, metric.
+type RowOrder = (String, Vec<u64>, String);
+
+/// A short label of a params point.
+pub fn label(workload: &str, p: &serde_json::Value) -> String {
+    let g = |k: &str| {
+        p.get(k)
+            .and_then(serde_json::Value::as_f64)
+            .unwrap_or(f64::NAN)
+    };
+    let size = |b: f64| crate::plan::human_size(b as u64);
+    match workload {
+        "kv" => format!(
+            "R={} L={} P={} B={} C={}us",
+            g("requests"),
+            g("layers"),
+            g("pages_per_layer"),
+            size(g("page_bytes")),
+            g("compute_us")
+        ),
+        "weights" => format!(
+            "M={} N={} S={}",
+            g("trainers"),
+            g("inference"),
+            size(g("total_bytes"))
+        ),
+        "moe" => format!("E={} T={} H={}", g("ranks"), g("tokens"), g("hidden")),
+        _ => records::params_key(p),
+    }
+}
+
+fn fmt(v: f64, unit: &str) -> String {
+    let n = if v.abs() >= 100.0 {
+        format!("{v:.0}")
+    } else if v.abs() >= 1.0 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.3}")
+    };
+    format!("{n} {unit}")
+}
+
+/// The report text of `records`.
+pub fn render(records: &[Record]) -> String {
+    let mut out = String::new();
+    let mut workloads: Vec<&str> = records.iter().map(|r| r.workload.as_str()).collect();
+    workloads.sort_by_key(|w| {
+        (
+            ["kv", "weights", "moe"]
+                .iter()
+                .position(|x| x == w)
+                .unwrap_or(9),
+            *w,
+        )
+    });
+    workloads.dedup();
+    for w in workloads {
+        let rows: Vec<&Record> = records.iter().filter(|r| r.workload == w).collect();
+        // (transport, params key, metric) -> engine -> record; sorted by
+        // transport, then the params' numeric order, then metric.
+        let mut table: BTreeMap<RowKey, BTreeMap<&str, &Record>> = BTreeMap::new();
+        let mut order: BTreeMap<RowKey, RowOrder> = BTreeMap::new();
+        for r in &rows {
+            let k = (
+                r.transport.clone(),
+                records::params_key(&r.params),
+                r.metric.clone(),
+            );
+            let nums: Vec<u64> = sort_keys(w)
+                .iter()
+                .map(|f| {
+                    r.params
+                        .get(*f)
+                        .and_then(serde_json::Value::as_f64)
+                        .unwrap_or(0.0) as u64
+                })
+                .collect();
+            order.insert(k.clone(), (r.transport.clone(), nums, r.metric.clone()));
+            table.entry(k).or_default().insert(r.engine.as_str(), r);
+        }
+        let mut keys: Vec<_> = table.keys().cloned().collect();
+        keys.sort_by(|a, b| order[a].cmp(&order[b]));
+        let _ = writeln!(out, "\n### {w}\n");
+        let _ = writeln!(
+            out,
+            "| transport | params | metric | ours | bound | openmpi | nixl | mooncake | ours/best peer | ours/bound |"
+        );
+        let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|");
+        for k in keys {
+            let e = &table[&k];
+            let Some(any) = e.values().next() else {
+                continue;
+            };
+            let unit = any.unit.as_str();
+            let cell = |name: &str| {
+                e.get(name).map_or("-".to_string(), |r| {
+                    let mut s = fmt(r.value, &r.unit);
+                    if !r.verified && name != "bound" {
+                        s.push_str(" (unverified)");
+                    }
+                    s
+                })
+            };
+            let ours = e.get("ours").map(|r| r.value);
+            let best_peer = PEERS
+                .iter()
+                .filter_map(|p| e.get(p).map(|r| (r.value, *p)))
+                .reduce(|a, b| {
+                    let better = if lower_is_better(unit) {
+                        b.0 < a.0
+                    } else {
+                        b.0 > a.0
+                    };
+                    if better { b } else { a }
+                });
+            let ratio = |x: Option<f64>, y: Option<f64>| match (x, y) {
+                (Some(x), Some(y)) if y != 0.0 => format!("{:.2}", x / y),
+                _ => "-".into(),
+            };
+            let peer_ratio = match best_peer {
+                Some((v, name)) => match ours {
+                    Some(_) => format!("{} ({name})", ratio(ours, Some(v))),
+                    None => "-".into(),
+                },
+                None => "-".into(),
+            };
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                k.0,
+                label(w, &any.params),
+                k.2,
+                cell("ours"),
+                cell("bound"),
+                cell("openmpi"),
+                cell("nixl"),
+                cell("mooncake"),
+                peer_ratio,
+                ratio(ours, e.get("bound").map(|r| r.value)),
+            );
+        }
+        // Each engine's configuration and notes, once.
+        let mut seen: Vec<(String, String, String)> = Vec::new();
+        for r in &rows {
+            let c = (r.engine.clone(), r.transport.clone(), r.config.clone());
+            if !seen.contains(&c) {
+                seen.push(c);
+            }
+        }
+        let _ = writeln!(out);
+        for (engine, transport, config) in seen {
+            let _ = writeln!(out, "- {engine} ({transport}): {config}");
+        }
+        let mut notes: Vec<(String, String)> = rows
+            .iter()
+            .filter(|r| !r.note.is_empty())
+            .map(|r| (r.engine.clone(), r.note.clone()))
+            .collect();
+        notes.sort();
+        notes.dedup();
+        for (engine, note) in notes {
+            let _ = writeln!(out, "- note ({engine}): {note}");
+        }
+    }
+    let _ = writeln!(
+        out,
+        "\nRatios: ours / best peer and ours / bound of the row's values (for us and s, below 1 is faster; \
+         for GB/s and fraction, above 1 is more)."
+    );
+    out
+}
+
+fn sort_keys(workload: &str) -> &'static [&'static str] {
+    match workload {
+        "kv" => &[
+            "requests",
+            "layers",
+            "pages_per_layer",
+            "page_bytes",
+            "compute_us",
+        ],
+        "weights" => &["trainers", "inference", "total_bytes"],
+        "moe" => &["ranks", "tokens", "hidden"],
+        _ => &[],
+    }
+}
+
+/// Reads `dir`, prints the tables, writes `report.md` and the plots; returns the files written.
+pub fn print(dir: &Path) -> Result<Vec<PathBuf>> {
+    let (records, bad) = records::read_dir(dir)?;
+    for b in &bad {
+        eprintln!("workloads report: skipped {b}");
+    }
+    let text = render(&records);
+    print!("{text}");
+    let md = dir.join("report.md");
+    std::fs::write(&md, &text).map_err(io("workloads report: write report.md"))?;
+    let mut files = vec![md];
+    match crate::workloads::plot::write_all(&records, dir) {
+        Ok(p) => files.extend(p),
+        Err(e) => eprintln!("workloads plots: {e}"),
+    }
+    for f in &files {
+        println!("wrote {}", f.display());
+    }
+    Ok(files)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(engine: &str, metric: &str, unit: &str, value: f64) -> Record {
+        Record {
+            workload: "moe".into(),
+            engine: engine.into(),
+            transport: "tcp".into(),
+            config: format!("{engine} config"),
+            params: serde_json::json!({"ranks": 4, "tokens": 8, "hidden": 7168}),
+            metric: metric.into(),
+            value,
+            unit: unit.into(),
+            p10: None,
+            p90: None,
+            repeats: 5,
+            verified: true,
+            note: String::new(),
+        }
+    }
+
+    #[test]
+    fn ratios_pick_the_best_peer_by_direction() {
+        let rows = vec![
+            rec("ours", "dispatch_us", "us", 50.0),
+            rec("openmpi", "dispatch_us", "us", 100.0),
+            rec("nixl", "dispatch_us", "us", 80.0),
+            rec("bound", "dispatch_us", "us", 25.0),
+        ];
+        let t = render(&rows);
+        assert!(t.contains("| 0.62 (nixl) | 2.00 |"), "{t}");
+        let gb = vec![
+            rec("ours", "kv_gbps", "GB/s", 2.0),
+            rec("mooncake", "kv_gbps", "GB/s", 1.0),
+            rec("openmpi", "kv_gbps", "GB/s", 4.0),
+        ];
+        let t = render(&gb);
+        assert!(t.contains("| 0.50 (openmpi) | - |"), "{t}");
+        assert!(t.contains("- openmpi (tcp): openmpi config"), "{t}");
+    }
+}
