@@ -850,6 +850,7 @@ unsafe extern "C" fn buf_free_buffer(buf: BufT) {
         // SAFETY: our buffer; the context was leaked by buft_alloc_buffer
         // and the host frees a buffer once.
         let ctx = unsafe { Box::from_raw((*buf).context.cast::<BufCtx>()) };
+        crate::engine::forget_buffer(&ctx.conn, ctx.remote);
         if let Err(e) = ctx.conn.call("FREE_BUFFER", |c| c.free_buffer(ctx.remote)) {
             log_err("free_buffer", &e);
         }
@@ -1327,6 +1328,119 @@ impl Drop for SetOnDrop {
     }
 }
 
+/// Queues on the destination's stream the proof that its earlier commands
+/// ran (PEER_BARRIER, skipped when its last command was answered); the
+/// returned flag is set once that is known (or the attempt ended).
+fn post_barrier(dc: &Arc<Conn>) -> Result<Arc<Done>> {
+    let barrier = Arc::new(Done::default());
+    let b = SetOnDrop(barrier.clone());
+    dc.post(Box::new(move |c, dst_conn| {
+        let _b = b;
+        // A stream whose last command was answered needs no
+        // barrier: everything before it already ran (the steady
+        // state of a decode, where the logits were just read).
+        if dst_conn.was_settled() {
+            dst_conn.settled_by();
+            return Ok(());
+        }
+        if c.peer_barrier()? {
+            dst_conn.settled_by();
+            Ok(())
+        } else {
+            Err(transfer_rpc::RpcError::RemoteFailure {
+                call: "PEER_BARRIER",
+            })
+        }
+    }))?;
+    Ok(barrier)
+}
+
+/// On the source's stream: COPY_TENSOR_TO, or (answered 0: the peer is
+/// unreachable or not allowed) GET_TENSOR here and SET_TENSOR on the
+/// destination, the pair using the host path from then on.
+fn copy_to_or_through_host(
+    c: &mut transfer_rpc::client::Client,
+    src_conn: &Conn,
+    dc: &Conn,
+    s: &transfer_rpc::protocol::RpcTensor,
+    d: &transfer_rpc::protocol::RpcTensor,
+    size: u64,
+) -> transfer_rpc::Result<()> {
+    if c.copy_tensor_to(s, d, size, dc.endpoint())? {
+        src_conn.settled_by();
+        return Ok(());
+    }
+    give_up_direct(
+        src_conn,
+        dc,
+        "it answered 0 to COPY_TENSOR_TO (peer unreachable or not allowed)",
+    );
+    let data = c.get_tensor(s, 0, size)?;
+    dc.run_now(|dst_client| dst_client.set_tensor(d, 0, &data))
+        .map_err(|e| transfer_rpc::RpcError::refused("boundary fallback", e.to_string()))
+}
+
+/// The engine path of a boundary (both servers run an engine, a lane is
+/// open for the destination range; the destination's barrier is already
+/// ahead of this on the source's stream): the source's stream sends
+/// ENGINE_WRITE after its graph (answered once the write is posted; the
+/// source server settles it before its next buffer-changing command), the
+/// destination's stream waits for that answer and then sends ENGINE_WAIT
+/// (answered once the write's immediate arrived) before its next command.
+/// A refused write falls back to COPY_TENSOR_TO inside the same ordering,
+/// and the lane is given up.
+fn engine_copy(
+    sc: &Arc<Conn>,
+    dc: &Arc<Conn>,
+    lane: Arc<crate::engine::Lane>,
+    s: transfer_rpc::protocol::RpcTensor,
+    d: transfer_rpc::protocol::RpcTensor,
+    size: u64,
+) -> Result<()> {
+    let seq = lane.next_seq();
+    let posted = Arc::new(Done::default());
+    let p = SetOnDrop(posted.clone());
+    let via_engine = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let via = via_engine.clone();
+    let (lane_src, dc2) = (lane.clone(), dc.clone());
+    sc.post(Box::new(move |c, src_conn| {
+        let _p = p;
+        if lane_src.alive() {
+            let w = transfer_rpc::client::EngineWrite {
+                outbound: lane_src.outbound,
+                src: &s,
+                src_offset: 0,
+                size,
+                dst_offset: 0,
+                seq,
+            };
+            if c.engine_write(&w)? {
+                via.store(true, std::sync::atomic::Ordering::Release);
+                src_conn.settled_by();
+                return Ok(());
+            }
+            lane_src.kill(dc2.endpoint(), "ENGINE_WRITE answered 0");
+        }
+        copy_to_or_through_host(c, src_conn, &dc2, &s, &d, size)
+    }))?;
+    dc.wait_for(posted)?;
+    let wait_ms = u32::try_from(dc.timeout().as_millis()).unwrap_or(u32::MAX);
+    dc.post(Box::new(move |c, dst_conn| {
+        if !via_engine.load(std::sync::atomic::Ordering::Acquire) {
+            return Ok(());
+        }
+        if c.engine_wait(lane.lane, seq, size, wait_ms)? {
+            dst_conn.settled_by();
+            Ok(())
+        } else {
+            Err(transfer_rpc::RpcError::RemoteFailure {
+                call: "ENGINE_WAIT",
+            })
+        }
+    }))?;
+    Ok(())
+}
+
 /// `cpy_tensor_async`, between two of our servers: the destination's
 /// stream first proves its earlier commands ran (PEER_BARRIER answered),
 /// the source's stream then sends COPY_TENSOR_TO after its graph (its
@@ -1375,46 +1489,23 @@ unsafe extern "C" fn be_cpy_tensor_async(
             }
             // SAFETY: a live tensor.
             let size = unsafe { h.nbytes(src) } as u64;
-            let barrier = Arc::new(Done::default());
-            let b = SetOnDrop(barrier.clone());
-            dc.post(Box::new(move |c, dst_conn| {
-                let _b = b;
-                // A stream whose last command was answered needs no
-                // barrier: everything before it already ran (the steady
-                // state of a decode, where the logits were just read).
-                if dst_conn.was_settled() {
-                    dst_conn.settled_by();
-                    return Ok(());
-                }
-                if c.peer_barrier()? {
-                    dst_conn.settled_by();
-                    Ok(())
-                } else {
-                    Err(transfer_rpc::RpcError::RemoteFailure {
-                        call: "PEER_BARRIER",
-                    })
-                }
-            }))?;
+            // SAFETY: a live host tensor; its buffer is one of ours (dc).
+            let dst_base = unsafe { buf_ctx((*dst).buffer) }.map(|b| b.base);
+            let lane = match dst_base.and_then(|base| d.data.checked_sub(base)) {
+                Some(offset) => crate::engine::lane_for(&sc, &dc, d.buffer, offset, size)?,
+                None => None,
+            };
+            let barrier = post_barrier(&dc)?;
             sc.wait_for(barrier)?;
+            if let Some(lane) = lane {
+                return engine_copy(&sc, &dc, lane, s, d, size).map(|()| true);
+            }
             let landed = Arc::new(Done::default());
             let l = SetOnDrop(landed.clone());
             let dc2 = dc.clone();
             sc.post(Box::new(move |c, src_conn| {
                 let _l = l;
-                if c.copy_tensor_to(&s, &d, size, dc2.endpoint())? {
-                    src_conn.settled_by();
-                    return Ok(());
-                }
-                give_up_direct(
-                    src_conn,
-                    &dc2,
-                    "it answered 0 to COPY_TENSOR_TO (peer unreachable or not allowed)",
-                );
-                let data = c.get_tensor(&s, 0, size)?;
-                dc2.run_now(|dst_client| dst_client.set_tensor(&d, 0, &data))
-                    .map_err(|e| {
-                        transfer_rpc::RpcError::refused("boundary fallback", e.to_string())
-                    })
+                copy_to_or_through_host(c, src_conn, &dc2, &s, &d, size)
             }))?;
             dc.wait_for(landed)?;
             Ok(true)

@@ -84,6 +84,10 @@ pub struct Conn {
     peer_barrier: bool,
     /// `TRANSFER_RPC_P2P` (default on): direct copies allowed.
     p2p: bool,
+    /// The server runs an engine and serves ENGINE_* (its HELLO says so).
+    engine: bool,
+    /// ENGINE_INFO's answer, asked once (`None` until then).
+    engine_info: Mutex<Option<transfer_rpc::client::EngineInfo>>,
     /// Every command sent so far is known to have run on the server (the
     /// last one was answered). Cleared before each command, set by the
     /// callers whose last command was answered ([`Conn::settled_by`]).
@@ -124,6 +128,8 @@ impl Conn {
             copy_to: client.supports_copy_to(),
             peer_barrier: client.supports_peer_barrier(),
             p2p: client.config().p2p,
+            engine: client.supports_engine(),
+            engine_info: Mutex::new(None),
             settled: std::sync::atomic::AtomicBool::new(false),
             settled_before: std::sync::atomic::AtomicBool::new(false),
             client: Mutex::new(Some(client)),
@@ -176,6 +182,20 @@ impl Conn {
     /// extension (a stock server does not) and `TRANSFER_RPC_P2P` not be off.
     pub fn can_copy_to(&self, dst: &Conn) -> bool {
         self.p2p && self.copy_to && dst.peer_barrier
+    }
+
+    /// The server's engine (ENGINE_INFO, asked once and kept), or `None`
+    /// when it has none: it does not serve ENGINE_* or answered without an
+    /// address.
+    pub fn engine_info(&self) -> Result<Option<transfer_rpc::client::EngineInfo>> {
+        if !self.engine || !self.p2p {
+            return Ok(None);
+        }
+        let mut g = self.engine_info.lock().unwrap_or_else(|p| p.into_inner());
+        if g.is_none() {
+            *g = Some(self.call("ENGINE_INFO", |c| c.engine_info())?);
+        }
+        Ok(g.clone().filter(|i| i.has_engine()))
     }
 
     fn lock_queue(&self) -> MutexGuard<'_, Queue> {

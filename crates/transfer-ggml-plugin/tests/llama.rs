@@ -66,6 +66,8 @@ fn total(c: &HashMap<String, HashMap<String, usize>>, cmd: &str) -> usize {
 /// What one run over the servers did, per server, from their logs.
 struct Traffic {
     graphs: Vec<usize>,
+    engine_writes: Vec<usize>,
+    engine_waits: Vec<usize>,
     copy_to: Vec<usize>,
     gets: Vec<usize>,
     /// SET_TENSOR sent by another server (a peer session: no DEVICE_COUNT).
@@ -75,6 +77,8 @@ struct Traffic {
 fn traffic(servers: &[Server]) -> Traffic {
     let mut t = Traffic {
         graphs: vec![],
+        engine_writes: vec![],
+        engine_waits: vec![],
         copy_to: vec![],
         gets: vec![],
         peer_sets: vec![],
@@ -84,6 +88,8 @@ fn traffic(servers: &[Server]) -> Traffic {
         t.graphs
             .push(total(&c, "GRAPH_COMPUTE") + total(&c, "GRAPH_RECOMPUTE"));
         t.copy_to.push(total(&c, "COPY_TENSOR_TO"));
+        t.engine_writes.push(total(&c, "ENGINE_WRITE"));
+        t.engine_waits.push(total(&c, "ENGINE_WAIT"));
         t.gets.push(total(&c, "GET_TENSOR"));
         t.peer_sets.push(
             c.values()
@@ -227,7 +233,15 @@ fn completion_three_servers() {
 
 // --------------------------------------------------- ggml 0.26 (static host)
 
-fn simple_host(dir: &Path) -> PathBuf {
+/// The 0.26 `simple` host, compiled and linked once per test run (about
+/// 20 s each on 2 loaded cores; four cases use it).
+fn simple_host(_dir: &Path) -> PathBuf {
+    static HOST: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    HOST.get_or_init(|| build_simple_host(&scratch("simple-host")))
+        .clone()
+}
+
+fn build_simple_host(dir: &Path) -> PathBuf {
     let out = env_path(ENV_SYS_OUT).join("lib");
     let src = env_path(ENV_SYS_SRC);
     let example = env_path(ENV_LLAMA_SRC).join("examples/simple/simple.cpp");
@@ -630,4 +644,60 @@ fn completion_with_a_stock_rpc_server_falls_back() {
     assert!(t.graphs[0] >= 2, "{:?}", t.graphs);
     assert_eq!(t.copy_to[0], 0);
     assert_eq!(t.gets[0], t.graphs[0], "one boundary GET per step");
+}
+
+// ------------------------------------------- the engine path between servers
+
+/// Both servers run an engine (`--engine tcp` on loopback): each boundary
+/// is one ENGINE_WRITE on the source and one ENGINE_WAIT on the
+/// destination per step, no COPY_TENSOR_TO and no activation GET_TENSOR;
+/// the text is the CPU run's. With `TRANSFER_RPC_ENGINE=0` the same servers
+/// take COPY_TENSOR_TO (the counters tell the paths apart).
+#[test]
+#[ignore = "needs the llama.cpp build (cargo xtask test)"]
+fn completion_engine_path_two_servers() {
+    let dir = scratch("engine2");
+    let model = model(&dir);
+    std::fs::copy(plugin_so(), dir.join("libggml-rpc-trpc.so")).unwrap();
+    let cpu = run(completion(&dir, &model).args(["-ngl", "0"]), "CPU only");
+    let bin = env_path(ENV_SERVER_BIN);
+    let flags = [
+        "--compute-in-process",
+        "-v",
+        "--engine",
+        "tcp",
+        "--engine-node",
+        "127.0.0.1",
+        "--engine-iface",
+        "lo",
+    ];
+    for engine in ["1", "0"] {
+        let servers: Vec<Server> = (0..2).map(|_| Server::start(&bin, &flags)).collect();
+        let got = run(
+            completion(&dir, &model)
+                .args(["-ngl", "99", "--rpc", &endpoints(&servers)])
+                .env("TRANSFER_RPC_ENGINE", engine),
+            &format!("--rpc over 2 engine servers, TRANSFER_RPC_ENGINE={engine}"),
+        );
+        assert_eq!(got, cpu, "greedy text differs from the CPU run");
+        let t = traffic(&servers);
+        eprintln!(
+            "engine={engine}: graphs {:?} ENGINE_WRITE {:?} ENGINE_WAIT {:?} COPY_TENSOR_TO {:?} \
+             GET_TENSOR {:?} peer SET_TENSOR {:?}",
+            t.graphs, t.engine_writes, t.engine_waits, t.copy_to, t.gets, t.peer_sets
+        );
+        let steps = t.graphs[0];
+        assert!(steps >= 2, "{:?}", t.graphs);
+        assert_eq!(t.graphs[1], steps, "{:?}", t.graphs);
+        assert_eq!(t.gets[0], 0, "activation GET_TENSOR {:?}", t.gets);
+        if engine == "1" {
+            assert_eq!(t.engine_writes, [steps, 0], "ENGINE_WRITE per server");
+            assert_eq!(t.engine_waits, [0, steps], "ENGINE_WAIT per server");
+            assert_eq!(t.copy_to, [0, 0], "COPY_TENSOR_TO per server");
+            assert_eq!(t.peer_sets, [0, 0], "peer SET_TENSOR per server");
+        } else {
+            assert_eq!(t.engine_writes, [0, 0]);
+            assert_eq!(t.copy_to, [steps, 0]);
+        }
+    }
 }
