@@ -701,3 +701,66 @@ fn completion_engine_path_two_servers() {
         }
     }
 }
+
+/// A server that stops answering mid-generation (SIGSTOP: its socket stays
+/// open, so only the plugin's deadline can notice): `llama-completion`
+/// fails with a decode error soon after `TRANSFER_RPC_TIMEOUT_S`, never a
+/// hang and never a crash (signal).
+#[test]
+#[ignore = "needs the llama.cpp build (cargo xtask test)"]
+fn completion_hung_server_fails_after_the_timeout() {
+    use std::time::{Duration, Instant};
+    let dir = scratch("hung");
+    let model = model(&dir);
+    std::fs::copy(plugin_so(), dir.join("libggml-rpc-trpc.so")).unwrap();
+    let servers = start_servers(2);
+    let timeout_s = 3;
+    let child = completion(&dir, &model)
+        .args(["-n", "100000", "--ignore-eos", "-ngl", "99"])
+        .args(["--rpc", &endpoints(&servers)])
+        .env("TRANSFER_RPC_TIMEOUT_S", timeout_s.to_string())
+        .env("GGML_NO_BACKTRACE", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut child = Reap(child);
+    // Generating: the second server has answered graphs.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while traffic(&servers).graphs[1] < 3 {
+        assert!(Instant::now() < deadline, "no generation within 60 s");
+        assert!(child.0.try_wait().unwrap().is_none(), "exited early");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // SAFETY: SIGSTOP to our own child process, by its id.
+    let rc = unsafe { libc::kill(servers[1].child.id() as libc::pid_t, libc::SIGSTOP) };
+    assert_eq!(rc, 0);
+    let stopped = Instant::now();
+    let status = loop {
+        if let Some(s) = child.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            stopped.elapsed() < Duration::from_secs(timeout_s + 30),
+            "llama-completion hung after its server stopped answering"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let waited = stopped.elapsed();
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.0.stderr.as_mut().unwrap(), &mut err).unwrap();
+    eprintln!("{}", tail(&err, 10));
+    eprintln!(
+        "exit {status:?} {:.1} s after the stop",
+        waited.as_secs_f64()
+    );
+    assert_eq!(status.code(), Some(1), "{status:?}");
+    assert!(
+        err.contains("unusable for the rest of this run"),
+        "no log line"
+    );
+    assert!(
+        err.contains("did not answer within") || err.contains("timed out"),
+        "{err}"
+    );
+}
