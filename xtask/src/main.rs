@@ -6,6 +6,7 @@
 mod backend_ops;
 mod bench;
 mod bench_llama;
+mod bench_plugin;
 mod bench_rpc;
 mod bench_vm;
 mod deps;
@@ -46,6 +47,12 @@ commands:
   bench llama-rpc [--llama-bin DIR] [--threads default,2,...] [--rounds N] [--model F] [--dev]
                       unmodified llama-bench --rpc over two of our servers vs two
                       stock rpc-servers of that llama.cpp build, side by side
+  bench llama-plugin [--servers 2,4] [--rate 100mbit] [--delay 1ms] [--rounds 3]
+            [--engine] [--llama-bin DIR] [--pp 64] [--tg 32] [--reps 2] [--threads 1]
+                      unmodified llama-bench --rpc with the stock libggml-rpc.so
+                      vs our plugin (libggml-rpc-trpc.so), same servers on
+                      namespace hosts, the client's link shaped (root; --delay
+                      through the delay proxy), interleaved rounds
   verbs-vm            only the soft-RoCE VM step (transfer-verbs suite, engine link)
   backend-ops [--full] [-o OPS] [-p PARAMS] [--server PATH]
                       llama.cpp's test-backend-ops (mode test, unmodified, from
@@ -71,6 +78,9 @@ fn main() -> ExitCode {
         Some("bench") if args.get(1).is_some_and(|a| a == "rpc") => bench_rpc::run(&args[2..]),
         Some("bench") if args.get(1).is_some_and(|a| a == "llama-rpc") => {
             bench_llama::run(&args[2..])
+        }
+        Some("bench") if args.get(1).is_some_and(|a| a == "llama-plugin") => {
+            bench_plugin::run(&args[2..])
         }
         Some("bench") => bench::run(&args[1..]),
         // Internal: the bulk transfer `bench rpc` runs between namespace hosts.

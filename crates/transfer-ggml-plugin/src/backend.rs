@@ -1028,7 +1028,7 @@ unsafe extern "C" fn buf_cpy_tensor(
             // arrives over another connection).
             dc.conn.call("PEER_BARRIER", |c| c.peer_barrier())?;
             let ok = sc.call("COPY_TENSOR_TO", |c| {
-                c.copy_tensor_to(&s, &d, size, dc.conn.endpoint())
+                c.copy_tensor_to(&s, &d, size, dc.conn.peer_endpoint())
             })?;
             if !ok {
                 give_up_direct(sc, &dc.conn, "it answered 0 to COPY_TENSOR_TO");
@@ -1366,7 +1366,7 @@ fn copy_to_or_through_host(
     d: &transfer_rpc::protocol::RpcTensor,
     size: u64,
 ) -> transfer_rpc::Result<()> {
-    if c.copy_tensor_to(s, d, size, dc.endpoint())? {
+    if c.copy_tensor_to(s, d, size, dc.peer_endpoint())? {
         src_conn.settled_by();
         return Ok(());
     }

@@ -19,6 +19,11 @@ use crate::host;
 
 /// Environment variable: seconds a server may take to answer (default 300).
 pub const ENV_TIMEOUT: &str = "TRANSFER_RPC_TIMEOUT_S";
+/// Environment variable: `CLIENT_ENDPOINT=PEER_ENDPOINT[,...]`, the
+/// address other servers reach a server by when it differs from this
+/// process's (a proxy or NAT in front of the servers): the destination a
+/// COPY_TENSOR_TO names. Unlisted servers are reached at their own endpoint.
+pub const ENV_PEER_MAP: &str = "TRANSFER_RPC_PEER_MAP";
 /// Jobs queued per connection before an asynchronous call waits for room.
 const QUEUE_CAP: usize = 1024;
 /// How long a connect may take.
@@ -77,6 +82,8 @@ struct Queue {
 /// A connection to one server.
 pub struct Conn {
     endpoint: String,
+    /// Where other servers reach this one ([`ENV_PEER_MAP`]).
+    peer_endpoint: String,
     timeout: Duration,
     /// The server serves COPY_TENSOR_TO (it can be the source of a direct copy).
     copy_to: bool,
@@ -98,6 +105,15 @@ pub struct Conn {
     queue: Mutex<Queue>,
     cv: Condvar,
     worker: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// `endpoint`'s entry in a [`ENV_PEER_MAP`] value, or itself.
+pub fn peer_endpoint_of(endpoint: &str, map: Option<&str>) -> String {
+    map.into_iter()
+        .flat_map(|m| m.split(','))
+        .filter_map(|e| e.trim().split_once('='))
+        .find(|(from, _)| from.trim() == endpoint)
+        .map_or_else(|| endpoint.to_owned(), |(_, to)| to.trim().to_owned())
 }
 
 /// The answer deadline from [`ENV_TIMEOUT`].
@@ -124,6 +140,7 @@ impl Conn {
         })?;
         let conn = Arc::new(Conn {
             endpoint: endpoint.to_owned(),
+            peer_endpoint: peer_endpoint_of(endpoint, std::env::var(ENV_PEER_MAP).ok().as_deref()),
             timeout,
             copy_to: client.supports_copy_to(),
             peer_barrier: client.supports_peer_barrier(),
@@ -157,6 +174,11 @@ impl Conn {
     /// The endpoint.
     pub fn endpoint(&self) -> &str {
         &self.endpoint
+    }
+
+    /// Where other servers reach this one (the COPY_TENSOR_TO destination).
+    pub fn peer_endpoint(&self) -> &str {
+        &self.peer_endpoint
     }
 
     /// The answer deadline.
@@ -418,5 +440,20 @@ fn worker(conn: std::sync::Weak<Conn>) {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::peer_endpoint_of;
+
+    #[test]
+    fn peer_map() {
+        let m = Some("127.0.0.1:51001=10.0.0.2:50052, 127.0.0.1:51002 = 10.0.0.3:50052");
+        assert_eq!(peer_endpoint_of("127.0.0.1:51002", m), "10.0.0.3:50052");
+        assert_eq!(peer_endpoint_of("127.0.0.1:51001", m), "10.0.0.2:50052");
+        assert_eq!(peer_endpoint_of("127.0.0.1:51003", m), "127.0.0.1:51003");
+        assert_eq!(peer_endpoint_of("a:1", None), "a:1");
+        assert_eq!(peer_endpoint_of("a:1", Some("garbage")), "a:1");
     }
 }
