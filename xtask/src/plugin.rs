@@ -12,7 +12,9 @@
 //!   GET_TENSOR (then the TRANSFER_RPC_P2P=0 hub run for contrast);
 //!   `llama-server --rpc a,b`: HTTP `/completion` bytes equal to that CPU
 //!   run; upstream's `ggml-rpc-server` next to ours: the same text through
-//!   the client, logged once;
+//!   the client, logged once; two servers with engines (`--engine tcp` on
+//!   lo): ENGINE_WRITE/ENGINE_WAIT per boundary per step instead of
+//!   COPY_TENSOR_TO; a stopped server: an error after the timeout;
 //! - ggml 0.26.0 (llama-cpp-sys-2 0.1.161's static build from the
 //!   transfer-rpc ggml step): the same C host, and the unmodified `simple`
 //!   example with the plugin loaded by ggml_backend_load.

@@ -12,7 +12,7 @@ use transfer_rpc::protocol::tensor::MAX_SRC;
 use transfer_rpc::protocol::{GraphPayload, RpcTensor};
 
 use crate::abi::*;
-use crate::conn::{Conn, Done};
+use crate::conn::{Conn, Done, check_posted};
 use crate::error::{PluginError, Result};
 use crate::host::{self, Host, Layout};
 use crate::serialize;
@@ -1382,61 +1382,40 @@ fn copy_to_or_through_host(
 
 /// The engine path of a boundary (both servers run an engine, a lane is
 /// open for the destination range; the destination's barrier is already
-/// ahead of this on the source's stream): the source's stream sends
-/// ENGINE_WRITE after its graph (answered once the write is posted; the
-/// source server settles it before its next buffer-changing command), the
-/// destination's stream waits for that answer and then sends ENGINE_WAIT
-/// (answered once the write's immediate arrived) before its next command.
-/// A refused write falls back to COPY_TENSOR_TO inside the same ordering,
-/// and the lane is given up.
+/// ahead of this on the source's stream): the source's stream posts
+/// ENGINE_WRITE after its graph, the destination's stream posts ENGINE_WAIT
+/// before its next command, and neither waits for an answer: the
+/// destination server itself holds its next graph until the write's
+/// immediate arrived, so a decode step crosses the stages without a round
+/// trip to this process per boundary (what transfer-rpc's coordinator
+/// does). The answers are checked as they are read ([`check_posted`]): a
+/// refused write makes the destination's wait fail after the timeout, and
+/// the connection with it (an error, never a hang).
 fn engine_copy(
     sc: &Arc<Conn>,
     dc: &Arc<Conn>,
     lane: Arc<crate::engine::Lane>,
     s: transfer_rpc::protocol::RpcTensor,
-    d: transfer_rpc::protocol::RpcTensor,
     size: u64,
 ) -> Result<()> {
     let seq = lane.next_seq();
-    let posted = Arc::new(Done::default());
-    let p = SetOnDrop(posted.clone());
-    let via_engine = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let via = via_engine.clone();
-    let (lane_src, dc2) = (lane.clone(), dc.clone());
-    sc.post(Box::new(move |c, src_conn| {
-        let _p = p;
-        if lane_src.alive() {
-            let w = transfer_rpc::client::EngineWrite {
-                outbound: lane_src.outbound,
-                src: &s,
-                src_offset: 0,
-                size,
-                dst_offset: 0,
-                seq,
-            };
-            if c.engine_write(&w)? {
-                via.store(true, std::sync::atomic::Ordering::Release);
-                src_conn.settled_by();
-                return Ok(());
-            }
-            lane_src.kill(dc2.endpoint(), "ENGINE_WRITE answered 0");
-        }
-        copy_to_or_through_host(c, src_conn, &dc2, &s, &d, size)
+    let lane_src = lane.clone();
+    sc.post(Box::new(move |c, _| {
+        let w = transfer_rpc::client::EngineWrite {
+            outbound: lane_src.outbound,
+            src: &s,
+            src_offset: 0,
+            size,
+            dst_offset: 0,
+            seq,
+        };
+        c.post_engine_write(&w)?;
+        check_posted(c)
     }))?;
-    dc.wait_for(posted)?;
     let wait_ms = u32::try_from(dc.timeout().as_millis()).unwrap_or(u32::MAX);
-    dc.post(Box::new(move |c, dst_conn| {
-        if !via_engine.load(std::sync::atomic::Ordering::Acquire) {
-            return Ok(());
-        }
-        if c.engine_wait(lane.lane, seq, size, wait_ms)? {
-            dst_conn.settled_by();
-            Ok(())
-        } else {
-            Err(transfer_rpc::RpcError::RemoteFailure {
-                call: "ENGINE_WAIT",
-            })
-        }
+    dc.post(Box::new(move |c, _| {
+        c.post_engine_wait(lane.lane, seq, size, wait_ms)?;
+        check_posted(c)
     }))?;
     Ok(())
 }
@@ -1498,7 +1477,7 @@ unsafe extern "C" fn be_cpy_tensor_async(
             let barrier = post_barrier(&dc)?;
             sc.wait_for(barrier)?;
             if let Some(lane) = lane {
-                return engine_copy(&sc, &dc, lane, s, d, size).map(|()| true);
+                return engine_copy(&sc, &dc, lane, s, size).map(|()| true);
             }
             let landed = Arc::new(Done::default());
             let l = SetOnDrop(landed.clone());

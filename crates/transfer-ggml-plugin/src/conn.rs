@@ -369,7 +369,7 @@ impl Conn {
             .swap(false, std::sync::atomic::Ordering::AcqRel);
         self.settled_before
             .store(before, std::sync::atomic::Ordering::Release);
-        match f(client) {
+        match f(client).and_then(|v| check_posted(client).map(|()| v)) {
             Ok(v) => Ok(v),
             Err(source) => {
                 *guard = None;
@@ -381,6 +381,30 @@ impl Conn {
                 })
             }
         }
+    }
+}
+
+/// Posted commands (ENGINE_WRITE / ENGINE_WAIT of the engine path) a
+/// connection may have unanswered before their answers are read.
+pub const POSTED_CAP: usize = 64;
+
+/// Checks the answers of posted commands read so far (an ordinary call
+/// reads those sent before it); past [`POSTED_CAP`] unread ones, reads them
+/// (the server has answered or is about to: it serves in order). A 0 fails
+/// the connection: a write that did not land, or a wait that timed out,
+/// means a stage computed on stale input.
+pub fn check_posted(c: &mut Client) -> transfer_rpc::Result<()> {
+    let answers = if c.posted_len() > POSTED_CAP {
+        c.collect_posted()?
+    } else {
+        c.take_answers()
+    };
+    if answers.iter().all(|&ok| ok) {
+        Ok(())
+    } else {
+        Err(transfer_rpc::RpcError::RemoteFailure {
+            call: "ENGINE_WRITE/ENGINE_WAIT (posted)",
+        })
     }
 }
 

@@ -12,10 +12,12 @@
 //! open, after which copies use COPY_TENSOR_TO. A pair whose engines cannot
 //! talk (no engine on one side, different backends, a refused open) uses
 //! COPY_TENSOR_TO, logged once per pair when both had an engine. Freeing
-//! the destination buffer closes its lanes.
+//! the destination buffer closes its lanes. Per copy, both commands are
+//! posted (answers read later, see `conn::check_posted`): the destination
+//! server holds its next graph until the write arrived.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use transfer_rpc::protocol::engine::{CloseKind, LaneId, OutboundId};
@@ -45,33 +47,12 @@ pub struct Lane {
     /// Bytes of the destination range.
     pub size: u64,
     seq: AtomicU32,
-    /// A write on it was refused: later copies use COPY_TENSOR_TO.
-    dead: AtomicBool,
 }
 
 impl Lane {
     /// The next write's sequence number (the destination waits for it).
     pub fn next_seq(&self) -> u32 {
         self.seq.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// False once a write on it was refused.
-    pub fn alive(&self) -> bool {
-        !self.dead.load(Ordering::Acquire)
-    }
-
-    /// Gives the lane up (a refused write), logged once.
-    pub fn kill(&self, dst: &str, why: &str) {
-        if !self.dead.swap(true, Ordering::AcqRel) {
-            host::log(
-                LOG_WARN,
-                &format!(
-                    "{} -> {dst}: engine lane {} given up ({why}); COPY_TENSOR_TO instead",
-                    self.src.endpoint(),
-                    self.lane.0
-                ),
-            );
-        }
     }
 }
 
@@ -154,7 +135,7 @@ pub fn lane_for(
         )
     });
     if let Some(lane) = found {
-        return Ok(lane.alive().then_some(lane));
+        return Ok(Some(lane));
     }
     if off || full {
         return Ok(None);
@@ -199,7 +180,6 @@ pub fn lane_for(
         outbound,
         size,
         seq: AtomicU32::new(0),
-        dead: AtomicBool::new(false),
     });
     with_lanes(|l| l.open.insert(key, lane.clone()));
     Ok(Some(lane))

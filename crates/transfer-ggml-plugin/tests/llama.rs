@@ -74,7 +74,14 @@ struct Traffic {
     peer_sets: Vec<usize>,
 }
 
+/// [`traffic_now`] once the servers' logs are quiet (their last lines
+/// arrive after the client exited).
 fn traffic(servers: &[Server]) -> Traffic {
+    quiet_logs();
+    traffic_now(servers)
+}
+
+fn traffic_now(servers: &[Server]) -> Traffic {
     let mut t = Traffic {
         graphs: vec![],
         engine_writes: vec![],
@@ -113,20 +120,62 @@ fn run(cmd: &mut Command, what: &str) -> String {
 }
 
 /// [`run`]'s stdout as bytes (a random model's text need not be UTF-8).
+///
+/// llama-completion prints its text through llama.cpp's asynchronous
+/// logger, whose worker drops what it has not written at exit: on this
+/// loaded machine about half of the CPU-only runs exit 0 with the text cut
+/// short (seen with and without the plugin, 2026-12-03). Its last words
+/// are a blank line, so a run without one is repeated (up to 6 times), the
+/// servers' logs cleared so that the counters are the last attempt's.
 fn run_raw(cmd: &mut Command, what: &str) -> Vec<u8> {
-    let out = cmd
-        .env("GGML_NO_BACKTRACE", "1")
-        .env("TRANSFER_RPC_TIMEOUT_S", "120")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let completion = Path::new(cmd.get_program())
+        .file_name()
+        .is_some_and(|n| n == "llama-completion");
+    for attempt in 1.. {
+        let out = cmd
+            .env("GGML_NO_BACKTRACE", "1")
+            .env("TRANSFER_RPC_TIMEOUT_S", "120")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        eprintln!(
+            "--- {what}\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            tail(&stderr, 30)
+        );
+        assert!(out.status.success(), "{what} failed");
+        if !completion || out.stdout.ends_with(b"\n\n") || attempt == 6 {
+            return out.stdout;
+        }
+        eprintln!("--- {what}: text cut short by llama.cpp's logger at exit; again");
+        clear_server_logs();
+    }
+    unreachable!()
+}
+
+/// Compares two llama-completion texts: equal when both are whole (they end
+/// with its blank line); when llama.cpp's logger cut one short even after
+/// the repeats of [`run_raw`], the shorter must be the start of the other
+/// (said on stderr).
+fn assert_same_text(got: &str, cpu: &str) {
+    let whole = |t: &str| t.ends_with("\n\n");
+    if whole(got) && whole(cpu) {
+        assert_eq!(got, cpu, "greedy text differs from the CPU run");
+        return;
+    }
+    let (short, long) = if got.len() <= cpu.len() {
+        (got, cpu)
+    } else {
+        (cpu, got)
+    };
     eprintln!(
-        "--- {what}\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        tail(&stderr, 30)
+        "note: llama.cpp's logger cut a text short; comparing the {} bytes both have",
+        short.len()
     );
-    assert!(out.status.success(), "{what} failed");
-    out.stdout
+    assert!(
+        long.starts_with(short.trim_end_matches('\n')),
+        "greedy text differs from the CPU run: {got:?} vs {cpu:?}"
+    );
 }
 
 fn tail(s: &str, n: usize) -> String {
@@ -209,7 +258,7 @@ fn completion_case(n_servers: usize) {
                 .env("TRANSFER_RPC_P2P", p2p),
             &format!("--rpc over {n_servers} servers, p2p={p2p}"),
         );
-        assert_eq!(got, cpu, "greedy text differs from the CPU run");
+        assert_same_text(&got, &cpu);
         let t = traffic(&servers);
         eprintln!(
             "p2p={p2p}: graphs {:?} COPY_TENSOR_TO {:?} GET_TENSOR {:?} peer SET_TENSOR {:?}",
@@ -547,8 +596,14 @@ fn llama_server_completion_two_servers() {
             got.push(u8::try_from(b.as_u64().unwrap()).unwrap());
         }
     }
+    // The CPU text may be cut short by llama.cpp's logger (see run_raw).
+    let whole = cpu.ends_with(b"\n\n");
     assert!(
-        cpu_gen.starts_with(&got) && cpu_gen[got.len()..].iter().all(|&b| b == b'\n'),
+        if whole {
+            cpu_gen.starts_with(&got) && cpu_gen[got.len()..].iter().all(|&b| b == b'\n')
+        } else {
+            got.starts_with(cpu_gen)
+        },
         "llama-server's text differs from the CPU run: {:?} vs {:?}",
         String::from_utf8_lossy(&got),
         String::from_utf8_lossy(cpu_gen)
@@ -629,13 +684,18 @@ fn completion_with_a_stock_rpc_server_falls_back() {
     let err = String::from_utf8_lossy(&out.stderr);
     eprintln!("{}", tail(&err, 20));
     assert!(out.status.success(), "{}", tail(&err, 20));
-    assert_eq!(String::from_utf8_lossy(&out.stdout), cpu);
-    assert_eq!(
-        err.matches("boundary copies go through this process")
-            .count(),
-        1,
-        "{err}"
-    );
+    assert_same_text(&String::from_utf8_lossy(&out.stdout), &cpu);
+    // One line; llama.cpp's asynchronous logger may drop the end of its
+    // output at exit (see run_raw), so it is certain only when the text is
+    // whole (the line came before it).
+    let lines = err
+        .matches("boundary copies go through this process")
+        .count();
+    if out.stdout.ends_with(b"\n\n") {
+        assert_eq!(lines, 1, "{err}");
+    } else {
+        assert!(lines <= 1, "{err}");
+    }
     let t = traffic(&ours);
     eprintln!(
         "ours: graphs {:?} COPY_TENSOR_TO {:?} GET_TENSOR {:?}",
@@ -648,15 +708,13 @@ fn completion_with_a_stock_rpc_server_falls_back() {
 
 // ------------------------------------------- the engine path between servers
 
-/// Both servers run an engine (`--engine tcp` on loopback): each boundary
-/// is one ENGINE_WRITE on the source and one ENGINE_WAIT on the
+/// Every server runs an engine (`--engine tcp` on loopback): each boundary
+/// is one ENGINE_WRITE on its source and one ENGINE_WAIT on its
 /// destination per step, no COPY_TENSOR_TO and no activation GET_TENSOR;
 /// the text is the CPU run's. With `TRANSFER_RPC_ENGINE=0` the same servers
 /// take COPY_TENSOR_TO (the counters tell the paths apart).
-#[test]
-#[ignore = "needs the llama.cpp build (cargo xtask test)"]
-fn completion_engine_path_two_servers() {
-    let dir = scratch("engine2");
+fn engine_case(n: usize) {
+    let dir = scratch(&format!("engine{n}"));
     let model = model(&dir);
     std::fs::copy(plugin_so(), dir.join("libggml-rpc-trpc.so")).unwrap();
     let cpu = run(completion(&dir, &model).args(["-ngl", "0"]), "CPU only");
@@ -672,14 +730,14 @@ fn completion_engine_path_two_servers() {
         "lo",
     ];
     for engine in ["1", "0"] {
-        let servers: Vec<Server> = (0..2).map(|_| Server::start(&bin, &flags)).collect();
+        let servers: Vec<Server> = (0..n).map(|_| Server::start(&bin, &flags)).collect();
         let got = run(
             completion(&dir, &model)
                 .args(["-ngl", "99", "--rpc", &endpoints(&servers)])
                 .env("TRANSFER_RPC_ENGINE", engine),
-            &format!("--rpc over 2 engine servers, TRANSFER_RPC_ENGINE={engine}"),
+            &format!("--rpc over {n} engine servers, TRANSFER_RPC_ENGINE={engine}"),
         );
-        assert_eq!(got, cpu, "greedy text differs from the CPU run");
+        assert_same_text(&got, &cpu);
         let t = traffic(&servers);
         eprintln!(
             "engine={engine}: graphs {:?} ENGINE_WRITE {:?} ENGINE_WAIT {:?} COPY_TENSOR_TO {:?} \
@@ -688,18 +746,44 @@ fn completion_engine_path_two_servers() {
         );
         let steps = t.graphs[0];
         assert!(steps >= 2, "{:?}", t.graphs);
-        assert_eq!(t.graphs[1], steps, "{:?}", t.graphs);
-        assert_eq!(t.gets[0], 0, "activation GET_TENSOR {:?}", t.gets);
+        assert!(t.graphs.iter().all(|&g| g == steps), "{:?}", t.graphs);
+        // Sources send, destinations wait: all but the last, all but the first.
+        let per = |first: bool, last: bool| -> Vec<usize> {
+            (0..n)
+                .map(|i| {
+                    if (i == 0 && !first) || (i == n - 1 && !last) {
+                        0
+                    } else {
+                        steps
+                    }
+                })
+                .collect()
+        };
+        for i in 0..n - 1 {
+            assert_eq!(t.gets[i], 0, "activation GET_TENSOR {:?}", t.gets);
+        }
         if engine == "1" {
-            assert_eq!(t.engine_writes, [steps, 0], "ENGINE_WRITE per server");
-            assert_eq!(t.engine_waits, [0, steps], "ENGINE_WAIT per server");
-            assert_eq!(t.copy_to, [0, 0], "COPY_TENSOR_TO per server");
-            assert_eq!(t.peer_sets, [0, 0], "peer SET_TENSOR per server");
+            assert_eq!(t.engine_writes, per(true, false), "ENGINE_WRITE per server");
+            assert_eq!(t.engine_waits, per(false, true), "ENGINE_WAIT per server");
+            assert_eq!(t.copy_to, vec![0; n], "COPY_TENSOR_TO per server");
+            assert_eq!(t.peer_sets, vec![0; n], "peer SET_TENSOR per server");
         } else {
-            assert_eq!(t.engine_writes, [0, 0]);
-            assert_eq!(t.copy_to, [steps, 0]);
+            assert_eq!(t.engine_writes, vec![0; n]);
+            assert_eq!(t.copy_to, per(true, false));
         }
     }
+}
+
+#[test]
+#[ignore = "needs the llama.cpp build (cargo xtask test)"]
+fn completion_engine_path_two_servers() {
+    engine_case(2);
+}
+
+#[test]
+#[ignore = "needs the llama.cpp build (cargo xtask test)"]
+fn completion_engine_path_three_servers() {
+    engine_case(3);
 }
 
 /// A server that stops answering mid-generation (SIGSTOP: its socket stays
@@ -727,7 +811,7 @@ fn completion_hung_server_fails_after_the_timeout() {
     let mut child = Reap(child);
     // Generating: the second server has answered graphs.
     let deadline = Instant::now() + Duration::from_secs(60);
-    while traffic(&servers).graphs[1] < 3 {
+    while traffic_now(&servers).graphs[1] < 3 {
         assert!(Instant::now() < deadline, "no generation within 60 s");
         assert!(child.0.try_wait().unwrap().is_none(), "exited early");
         std::thread::sleep(Duration::from_millis(50));
@@ -755,12 +839,18 @@ fn completion_hung_server_fails_after_the_timeout() {
         waited.as_secs_f64()
     );
     assert_eq!(status.code(), Some(1), "{status:?}");
+    // The plugin's line goes through llama.cpp's asynchronous logger, which
+    // may drop it at exit (see run_raw): checked when the log got that far.
+    if err.contains("failed to eval") {
+        assert!(
+            err.contains("unusable for the rest of this run"),
+            "no log line"
+        );
+    }
     assert!(
-        err.contains("unusable for the rest of this run"),
-        "no log line"
-    );
-    assert!(
-        err.contains("did not answer within") || err.contains("timed out"),
+        !err.contains("failed to eval")
+            || err.contains("did not answer within")
+            || err.contains("timed out"),
         "{err}"
     );
 }
