@@ -114,7 +114,7 @@ fn start(
 }
 
 /// The fields of one CSV line (quoted fields may hold commas).
-fn csv_fields(line: &str) -> Vec<String> {
+pub(crate) fn csv_fields(line: &str) -> Vec<String> {
     let (mut out, mut cur, mut quoted) = (Vec::new(), String::new(), false);
     for ch in line.chars() {
         match ch {

@@ -8,6 +8,7 @@ mod bench;
 mod bench_llama;
 mod bench_mpi;
 mod bench_peers;
+mod bench_plugin;
 mod bench_rpc;
 mod bench_vm;
 mod deps;
@@ -65,6 +66,12 @@ commands:
   mpi-smoke           only the Open MPI smoke pass of `test` (the workloads under
                       mpirun, transfer-bench launch as an mpirun job; uses the
                       tests step's target/debug/transfer-bench)
+  bench llama-plugin [--servers 2,4] [--rate 100mbit] [--delay 1ms] [--rounds 3]
+            [--engine] [--llama-bin DIR] [--pp 64] [--tg 32] [--reps 2] [--threads 1]
+                      unmodified llama-bench --rpc with the stock libggml-rpc.so
+                      vs our plugin (libggml-rpc-trpc.so), same servers on
+                      namespace hosts, the client's link shaped (root; --delay
+                      through the delay proxy), interleaved rounds
   verbs-vm            only the soft-RoCE VM step (transfer-verbs suite, engine link)
   backend-ops [--full] [-o OPS] [-p PARAMS] [--server PATH]
                       llama.cpp's test-backend-ops (mode test, unmodified, from
@@ -92,6 +99,9 @@ fn main() -> ExitCode {
             bench_llama::run(&args[2..])
         }
         Some("bench") if args[1..].iter().any(|a| a == "--peers") => bench_peers::run(&args[1..]),
+        Some("bench") if args.get(1).is_some_and(|a| a == "llama-plugin") => {
+            bench_plugin::run(&args[2..])
+        }
         Some("bench") => bench::run(&args[1..]),
         // Internal: the bulk transfer `bench rpc` runs between namespace hosts.
         Some("link-probe") => bench_rpc::link_probe::run(&args[1..]),

@@ -10,6 +10,11 @@
 //!   plugin as `libggml-rpc-trpc.so`: greedy text equal to the CPU-only
 //!   run, one COPY_TENSOR_TO per boundary per step and no activation
 //!   GET_TENSOR (then the TRANSFER_RPC_P2P=0 hub run for contrast);
+//!   `llama-server --rpc a,b`: HTTP `/completion` bytes equal to that CPU
+//!   run; upstream's `ggml-rpc-server` next to ours: the same text through
+//!   the client, logged once; two servers with engines (`--engine tcp` on
+//!   lo): ENGINE_WRITE/ENGINE_WAIT per boundary per step instead of
+//!   COPY_TENSOR_TO; a stopped server: an error after the timeout;
 //! - ggml 0.26.0 (llama-cpp-sys-2 0.1.161's static build from the
 //!   transfer-rpc ggml step): the same C host, and the unmodified `simple`
 //!   example with the plugin loaded by ggml_backend_load.
@@ -97,7 +102,15 @@ fn llama_source(bin: &Path) -> Result<PathBuf, String> {
 
 /// The plugin's tests against both hosts.
 pub fn run_ci() -> Result<(), String> {
-    let bin = llama_tree::ensure_built(&["llama-completion", "ggml-rpc", "ggml-cpu"])?;
+    // llama-server: its HTTP /completion through the plugin; ggml-rpc-server:
+    // upstream's server in the stock-server mix.
+    let bin = llama_tree::ensure_built(&[
+        "llama-completion",
+        "llama-server",
+        "ggml-rpc-server",
+        "ggml-rpc",
+        "ggml-cpu",
+    ])?;
     let llama_src = llama_source(&bin)?;
     let rpc_target = target_dir().join("rpc-upstream");
     let mut build = Command::new(cargo());

@@ -19,6 +19,11 @@ use crate::host;
 
 /// Environment variable: seconds a server may take to answer (default 300).
 pub const ENV_TIMEOUT: &str = "TRANSFER_RPC_TIMEOUT_S";
+/// Environment variable: `CLIENT_ENDPOINT=PEER_ENDPOINT[,...]`, the
+/// address other servers reach a server by when it differs from this
+/// process's (a proxy or NAT in front of the servers): the destination a
+/// COPY_TENSOR_TO names. Unlisted servers are reached at their own endpoint.
+pub const ENV_PEER_MAP: &str = "TRANSFER_RPC_PEER_MAP";
 /// Jobs queued per connection before an asynchronous call waits for room.
 const QUEUE_CAP: usize = 1024;
 /// How long a connect may take.
@@ -77,6 +82,8 @@ struct Queue {
 /// A connection to one server.
 pub struct Conn {
     endpoint: String,
+    /// Where other servers reach this one ([`ENV_PEER_MAP`]).
+    peer_endpoint: String,
     timeout: Duration,
     /// The server serves COPY_TENSOR_TO (it can be the source of a direct copy).
     copy_to: bool,
@@ -84,6 +91,10 @@ pub struct Conn {
     peer_barrier: bool,
     /// `TRANSFER_RPC_P2P` (default on): direct copies allowed.
     p2p: bool,
+    /// The server runs an engine and serves ENGINE_* (its HELLO says so).
+    engine: bool,
+    /// ENGINE_INFO's answer, asked once (`None` until then).
+    engine_info: Mutex<Option<transfer_rpc::client::EngineInfo>>,
     /// Every command sent so far is known to have run on the server (the
     /// last one was answered). Cleared before each command, set by the
     /// callers whose last command was answered ([`Conn::settled_by`]).
@@ -94,6 +105,15 @@ pub struct Conn {
     queue: Mutex<Queue>,
     cv: Condvar,
     worker: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// `endpoint`'s entry in a [`ENV_PEER_MAP`] value, or itself.
+pub fn peer_endpoint_of(endpoint: &str, map: Option<&str>) -> String {
+    map.into_iter()
+        .flat_map(|m| m.split(','))
+        .filter_map(|e| e.trim().split_once('='))
+        .find(|(from, _)| from.trim() == endpoint)
+        .map_or_else(|| endpoint.to_owned(), |(_, to)| to.trim().to_owned())
 }
 
 /// The answer deadline from [`ENV_TIMEOUT`].
@@ -120,10 +140,13 @@ impl Conn {
         })?;
         let conn = Arc::new(Conn {
             endpoint: endpoint.to_owned(),
+            peer_endpoint: peer_endpoint_of(endpoint, std::env::var(ENV_PEER_MAP).ok().as_deref()),
             timeout,
             copy_to: client.supports_copy_to(),
             peer_barrier: client.supports_peer_barrier(),
             p2p: client.config().p2p,
+            engine: client.supports_engine(),
+            engine_info: Mutex::new(None),
             settled: std::sync::atomic::AtomicBool::new(false),
             settled_before: std::sync::atomic::AtomicBool::new(false),
             client: Mutex::new(Some(client)),
@@ -153,6 +176,11 @@ impl Conn {
         &self.endpoint
     }
 
+    /// Where other servers reach this one (the COPY_TENSOR_TO destination).
+    pub fn peer_endpoint(&self) -> &str {
+        &self.peer_endpoint
+    }
+
     /// The answer deadline.
     pub fn timeout(&self) -> Duration {
         self.timeout
@@ -176,6 +204,20 @@ impl Conn {
     /// extension (a stock server does not) and `TRANSFER_RPC_P2P` not be off.
     pub fn can_copy_to(&self, dst: &Conn) -> bool {
         self.p2p && self.copy_to && dst.peer_barrier
+    }
+
+    /// The server's engine (ENGINE_INFO, asked once and kept), or `None`
+    /// when it has none: it does not serve ENGINE_* or answered without an
+    /// address.
+    pub fn engine_info(&self) -> Result<Option<transfer_rpc::client::EngineInfo>> {
+        if !self.engine || !self.p2p {
+            return Ok(None);
+        }
+        let mut g = self.engine_info.lock().unwrap_or_else(|p| p.into_inner());
+        if g.is_none() {
+            *g = Some(self.call("ENGINE_INFO", |c| c.engine_info())?);
+        }
+        Ok(g.clone().filter(|i| i.has_engine()))
     }
 
     fn lock_queue(&self) -> MutexGuard<'_, Queue> {
@@ -327,7 +369,7 @@ impl Conn {
             .swap(false, std::sync::atomic::Ordering::AcqRel);
         self.settled_before
             .store(before, std::sync::atomic::Ordering::Release);
-        match f(client) {
+        match f(client).and_then(|v| check_posted(client).map(|()| v)) {
             Ok(v) => Ok(v),
             Err(source) => {
                 *guard = None;
@@ -339,6 +381,30 @@ impl Conn {
                 })
             }
         }
+    }
+}
+
+/// Posted commands (ENGINE_WRITE / ENGINE_WAIT of the engine path) a
+/// connection may have unanswered before their answers are read.
+pub const POSTED_CAP: usize = 64;
+
+/// Checks the answers of posted commands read so far (an ordinary call
+/// reads those sent before it); past [`POSTED_CAP`] unread ones, reads them
+/// (the server has answered or is about to: it serves in order). A 0 fails
+/// the connection: a write that did not land, or a wait that timed out,
+/// means a stage computed on stale input.
+pub fn check_posted(c: &mut Client) -> transfer_rpc::Result<()> {
+    let answers = if c.posted_len() > POSTED_CAP {
+        c.collect_posted()?
+    } else {
+        c.take_answers()
+    };
+    if answers.iter().all(|&ok| ok) {
+        Ok(())
+    } else {
+        Err(transfer_rpc::RpcError::RemoteFailure {
+            call: "ENGINE_WRITE/ENGINE_WAIT (posted)",
+        })
     }
 }
 
@@ -398,5 +464,20 @@ fn worker(conn: std::sync::Weak<Conn>) {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::peer_endpoint_of;
+
+    #[test]
+    fn peer_map() {
+        let m = Some("127.0.0.1:51001=10.0.0.2:50052, 127.0.0.1:51002 = 10.0.0.3:50052");
+        assert_eq!(peer_endpoint_of("127.0.0.1:51002", m), "10.0.0.3:50052");
+        assert_eq!(peer_endpoint_of("127.0.0.1:51001", m), "10.0.0.2:50052");
+        assert_eq!(peer_endpoint_of("127.0.0.1:51003", m), "127.0.0.1:51003");
+        assert_eq!(peer_endpoint_of("a:1", None), "a:1");
+        assert_eq!(peer_endpoint_of("a:1", Some("garbage")), "a:1");
     }
 }

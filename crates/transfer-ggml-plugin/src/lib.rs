@@ -23,6 +23,7 @@
 pub mod abi;
 pub mod backend;
 pub mod conn;
+pub mod engine;
 pub mod error;
 pub mod host;
 pub mod names;

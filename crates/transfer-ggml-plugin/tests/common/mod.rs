@@ -74,6 +74,24 @@ pub fn compile(source: &str, out: &Path, args: &[&str]) {
     assert!(status.success(), "compiling {}", src.display());
 }
 
+/// The logs of the servers started so far (those still running).
+static LOGS: Mutex<Vec<std::sync::Weak<Mutex<Vec<String>>>>> = Mutex::new(Vec::new());
+
+/// Forgets every running server's log lines so far (a run that is repeated
+/// counts only its last attempt). The ignored cases run one at a time
+/// (`--test-threads 1`, as `cargo xtask test` runs them).
+pub fn clear_server_logs() {
+    quiet_logs();
+    for l in LOGS
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(std::sync::Weak::upgrade)
+    {
+        l.lock().unwrap().clear();
+    }
+}
+
 /// A `transfer-rpc-server` process on an ephemeral loopback port, killed on
 /// drop; its log lines are kept (with `-v`: one line per command).
 pub struct Server {
@@ -101,6 +119,7 @@ impl Server {
             }
         }
         let log = Arc::new(Mutex::new(Vec::new()));
+        LOGS.lock().unwrap().push(Arc::downgrade(&log));
         let keep = log.clone();
         std::thread::spawn(move || {
             for l in lines.map_while(Result::ok) {
@@ -119,5 +138,29 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// Waits until no running server has logged a line for 300 ms (deadline
+/// 10 s): a server's last lines reach its reader thread after the client
+/// that caused them exited.
+pub fn quiet_logs() {
+    let lines = || -> usize {
+        LOGS.lock()
+            .unwrap()
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .map(|l| l.lock().unwrap().len())
+            .sum()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut last = lines();
+    while std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let now = lines();
+        if now == last {
+            return;
+        }
+        last = now;
     }
 }

@@ -1,16 +1,22 @@
 // A host whose ggml the plugin does not know: it exports a ggml_version()
-// of a release with no mirrored layout (and nothing else of ggml). The
-// plugin must answer score 0 and NULL from init, without crashing.
+// of a release with no mirrored layout (and nothing else of ggml), or, with
+// a second argument, a known version but none of the ggml-base functions
+// the plugin confirms the layout with. The plugin must answer score 0 and
+// NULL from init, without crashing.
 // Built with -rdynamic so the plugin's dlsym(RTLD_DEFAULT) finds it.
 #include <dlfcn.h>
 #include <stdio.h>
 
-const char * ggml_version(void) { return "0.99.0"; }
+static const char * version = "0.99.0";
+const char * ggml_version(void) { return version; }
 
 int main(int argc, char ** argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: unknown PLUGIN.so\n");
+        fprintf(stderr, "usage: unknown PLUGIN.so [VERSION]\n");
         return 2;
+    }
+    if (argc > 2) {
+        version = argv[2];
     }
     void * h = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
     if (!h) {

@@ -368,6 +368,12 @@ impl Client {
         Ok(std::mem::take(&mut self.answers))
     }
 
+    /// The answers of posted commands that ordinary calls already read on
+    /// the way (in order), without reading any more: never blocks.
+    pub fn take_answers(&mut self) -> Vec<bool> {
+        std::mem::take(&mut self.answers)
+    }
+
     /// Posted commands whose answers have not been collected yet.
     pub fn posted_len(&self) -> usize {
         self.posted.len() + self.answers.len()
