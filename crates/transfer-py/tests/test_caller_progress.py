@@ -5,6 +5,7 @@ thread of its own, as a separate process would be), checked byte for byte."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -171,3 +172,18 @@ def test_thread_sender_caller_receiver_and_recv(provider: str) -> None:
     finally:
         a.eng.close()
         b.eng.close()
+
+
+def test_asyncio_awaits_drive(pair: tuple[Side, Side]) -> None:
+    """`await` on caller-driven transfers: each poll drives a pass and the
+    loop comes back (a busy-polling future); both sides in one loop."""
+    a, b = pair
+    a.buf[100:164] = 9
+
+    async def main() -> None:
+        exp = b.eng.expect_imm(31, b.eng.expected_imms(a.eng.address, nbytes=64))
+        t = a.eng.write(a.region, _dst(a, b), src_offset=100, dst_offset=100, nbytes=64, imm=31)
+        await asyncio.wait_for(asyncio.gather(t, exp), TIMEOUT)
+
+    asyncio.run(main())
+    assert (b.buf[100:164] == 9).all()
