@@ -289,7 +289,7 @@ def main() -> None:
     ap.add_argument("--kv-repeats", type=int, default=5)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--transports", default="tcp,shm")
-    ap.add_argument("--engines", default="ours,mooncake,nixl,nixl-caller")
+    ap.add_argument("--engines", default="ours,ours-caller,mooncake,nixl,nixl-caller")
     ap.add_argument("--no-kv", action="store_true")
     ap.add_argument("--no-prims", action="store_true")
     ap.add_argument("--out-dir", default="target/bench/peers")
