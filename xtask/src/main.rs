@@ -48,7 +48,7 @@ commands:
                       the Open MPI baseline of the workloads (a C program built
                       with mpicc, run under mpirun; records in D, default
                       target/bench/workloads)
-    --peers [--quick] [--repeats 3] [--transports tcp,shm] [--engines ours,mooncake,nixl,nixl-caller] [--no-kv]
+    --peers [--quick] [--repeats 3] [--transports tcp,shm] [--engines ours,ours-caller,mooncake,nixl,nixl-caller] [--no-kv]
                       ours from Python next to NVIDIA NIXL and Mooncake TE (pinned, from
                       PyPI into target/peers-venv), issue 20's rows + the kv workload
     --vm [--quick]    over the native verbs backend inside the soft-RoCE VM,

@@ -10,9 +10,9 @@ use pyo3::buffer::PyUntypedBuffer;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
 use transfer_core::{
-    BarrierRequest, EngineAddress, IdlePolicy, PagedWriteRequest, Pages, Result as CoreResult,
-    ScatterItem, ScatterRequest, SendRequest, TransferEngine, TransferError, WriteRequest,
-    WriteShape,
+    BarrierRequest, EngineAddress, IdlePolicy, PagedWriteRequest, Pages, ProgressMode,
+    Result as CoreResult, ScatterItem, ScatterRequest, SendRequest, TransferEngine, TransferError,
+    WriteRequest, WriteShape,
 };
 
 use crate::error::{IntoPy, invalid, py_err};
@@ -34,6 +34,9 @@ pub(crate) struct Shared {
     /// Immediate expectations, failed by `close`: the engine's own
     /// expectation futures outlive it (they share its counters).
     expectations: Mutex<Expectations>,
+    /// Caller-driven progress (`progress="caller"`): no worker threads;
+    /// waits drive the NICs on the waiting thread.
+    pub(crate) caller: bool,
 }
 
 #[derive(Default)]
@@ -66,6 +69,12 @@ impl Shared {
             Some(e) => f(e),
             None => Err(TransferError::Shutdown { call }),
         }
+    }
+
+    /// One progress pass of a caller-driven engine (GIL released by the
+    /// caller); `false` with worker threads, or once closed.
+    pub(crate) fn progress(&self) -> bool {
+        self.caller && self.with("progress", |e| Ok(e.progress())).unwrap_or(false)
     }
 
     /// Keeps `memory` until the engine is closed.
@@ -195,6 +204,7 @@ fn open(
     bind: Option<&str>,
     peer_timeout: Option<f64>,
     busy_poll: bool,
+    progress: ProgressMode,
 ) -> CoreResult<(TransferEngine, String, usize)> {
     const CALL: &str = "Engine";
     if nics == Some(0) {
@@ -252,7 +262,11 @@ fn open(
     };
     let count = domains.len();
     let engine = domains
-        .add_to(TransferEngine::builder().idle_policy(idle_policy(busy_poll)))
+        .add_to(
+            TransferEngine::builder()
+                .idle_policy(idle_policy(busy_poll))
+                .progress(progress),
+        )
         .build()?;
     Ok((engine, name, count))
 }
@@ -260,7 +274,11 @@ fn open(
 /// The native ibverbs backend (ConnectX, soft-RoCE): `nics` domains on the
 /// device `TRANSFER_VERBS_DEVICE` names (default: the first with an active
 /// port); port and GID index from the TRANSFER_VERBS_* environment.
-fn open_verbs(nics: Option<usize>, busy_poll: bool) -> CoreResult<(TransferEngine, String, usize)> {
+fn open_verbs(
+    nics: Option<usize>,
+    busy_poll: bool,
+    progress: ProgressMode,
+) -> CoreResult<(TransferEngine, String, usize)> {
     if nics == Some(0) {
         return Err(TransferError::invalid("Engine", "nics must be at least 1"));
     }
@@ -269,7 +287,11 @@ fn open_verbs(nics: Option<usize>, busy_poll: bool) -> CoreResult<(TransferEngin
     let domains = backend.open_domains()?;
     let count = domains.len();
     let engine = domains
-        .add_to(TransferEngine::builder().idle_policy(idle_policy(busy_poll)))
+        .add_to(
+            TransferEngine::builder()
+                .idle_policy(idle_policy(busy_poll))
+                .progress(progress),
+        )
         .build()?;
     let name = format!(
         "ibverbs {}",
@@ -333,7 +355,12 @@ impl Engine {
         let pending = py
             .detach(|| self.shared.with(what, move |e| e.start(req)))
             .py()?;
-        Ok(Transfer::new(Box::pin(pending), what, keep))
+        Ok(Transfer::new(
+            Box::pin(pending),
+            what,
+            keep,
+            self.shared.caller,
+        ))
     }
 }
 
@@ -349,9 +376,15 @@ impl Engine {
     /// `bind`: the IP address IP providers bind to (e.g. "127.0.0.1").
     /// `peer_timeout`: seconds before an operation to a silent peer fails
     /// (default 5). `busy_poll`: workers never sleep (lowest latency, one
-    /// core each).
+    /// core each). `progress`: "thread" (default: worker threads move the
+    /// NICs; waits block on a hand-off from them) or "caller" (no worker
+    /// threads: `progress()` and every wait, `done()`, `recv` drive the NICs
+    /// on the calling thread with the GIL released, spinning until done or
+    /// the deadline; nothing moves between calls, so a target that only
+    /// receives must call `progress()` or wait).
     #[new]
-    #[pyo3(signature = (backend="auto", provider=None, nics=None, *, bind=None, peer_timeout=None, busy_poll=false))]
+    #[pyo3(signature = (backend="auto", provider=None, nics=None, *, bind=None, peer_timeout=None, busy_poll=false, progress="thread"))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         backend: &str,
@@ -360,7 +393,24 @@ impl Engine {
         bind: Option<String>,
         peer_timeout: Option<f64>,
         busy_poll: bool,
+        progress: &str,
     ) -> PyResult<Self> {
+        let mode = match progress {
+            "thread" => ProgressMode::Thread,
+            "caller" => ProgressMode::Caller,
+            other => {
+                return Err(invalid(
+                    "Engine",
+                    format!("unknown progress {other:?} (\"thread\" or \"caller\")"),
+                ));
+            }
+        };
+        if busy_poll && mode == ProgressMode::Caller {
+            return Err(invalid(
+                "Engine",
+                "busy_poll=True sets how worker threads idle; progress=\"caller\" has none",
+            ));
+        }
         let verbs = match backend {
             "auto" | "libfabric" => false,
             "verbs" | "ibverbs" => true,
@@ -380,7 +430,7 @@ impl Engine {
         let (engine, provider, nics) = py
             .detach(|| {
                 if verbs {
-                    open_verbs(nics, busy_poll)
+                    open_verbs(nics, busy_poll, mode)
                 } else {
                     open(
                         provider.as_deref(),
@@ -388,6 +438,7 @@ impl Engine {
                         bind.as_deref(),
                         peer_timeout,
                         busy_poll,
+                        mode,
                     )
                 }
             })
@@ -399,6 +450,7 @@ impl Engine {
                 pinned: Mutex::new(Vec::new()),
                 recv: RecvQueue::new(),
                 expectations: Mutex::new(Expectations::default()),
+                caller: mode == ProgressMode::Caller,
             }),
             address,
             provider,
@@ -426,6 +478,27 @@ impl Engine {
         } else {
             "libfabric"
         }
+    }
+
+    /// "thread" (worker threads) or "caller" (caller-driven progress).
+    #[getter]
+    fn progress_mode(&self) -> &'static str {
+        if self.shared.caller {
+            "caller"
+        } else {
+            "thread"
+        }
+    }
+
+    /// One progress pass of a caller-driven engine (GIL released): posts
+    /// queued work, polls every NIC, counts immediates, completes
+    /// transfers. Returns whether anything happened. With worker threads a
+    /// no-op returning False.
+    fn progress(&self, py: Python<'_>) -> bool {
+        if !self.shared.caller {
+            return false;
+        }
+        py.detach(|| self.shared.progress())
     }
 
     /// Number of NICs (domains).
@@ -703,6 +776,7 @@ impl Engine {
             Box::pin(crate::transfer::JoinAll::new(futs)),
             CALL,
             Some(keep),
+            self.shared.caller,
         ))
     }
 
@@ -778,7 +852,17 @@ impl Engine {
             }
             let slice_end = std::time::Instant::now() + Duration::from_millis(50);
             let until = deadline.map_or(slice_end, |d| d.min(slice_end));
-            let changed = py.detach(|| queue.signal.wait_past(seen, until));
+            let changed = py.detach(|| {
+                if self.shared.caller {
+                    // Nothing else moves a caller-driven engine: drive it
+                    // here until a message is queued.
+                    crate::transfer::drive_until(&self.shared, until, || {
+                        queue.signal.generation() != seen
+                    })
+                } else {
+                    queue.signal.wait_past(seen, until)
+                }
+            });
             if !changed {
                 if let Some(d) = deadline
                     && std::time::Instant::now() >= d
@@ -794,7 +878,11 @@ impl Engine {
     }
 
     /// The next message if one is queued, else None.
+    /// A caller-driven engine runs one progress pass first.
     fn try_recv<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        if self.shared.caller {
+            py.detach(|| self.shared.progress());
+        }
         Ok(self.shared.recv.pop().py()?.map(|m| PyBytes::new(py, &m)))
     }
 
@@ -817,7 +905,9 @@ impl Engine {
         let queue = &self.shared.recv;
         queue.signal.add_notifier(waker.inner.clone(), token);
         let s = lock(&queue.state);
-        if !s.messages.is_empty() || s.closed {
+        // Caller-driven: nobody else would make a message arrive, so the
+        // loop comes back at once and `try_recv` drives a pass.
+        if !s.messages.is_empty() || s.closed || self.shared.caller {
             waker.inner.push(token);
         }
     }
@@ -842,7 +932,7 @@ impl Engine {
         let op = self
             .shared
             .with("expect_imm", |e| {
-                let op = Op::new(Box::pin(e.imm_future(imm, count)));
+                let op = Op::new(Box::pin(e.imm_future(imm, count)), self.shared.caller);
                 lock(&self.shared.expectations).add(&op);
                 Ok(op)
             })

@@ -74,6 +74,9 @@ pub(crate) struct Op {
     result: OnceLock<CoreResult<()>>,
     signal: Arc<Signal>,
     waker: Waker,
+    /// The engine is caller-driven: polling the future drives its NICs,
+    /// and a wait spins on this thread instead of waiting for a hand-off.
+    driven: bool,
 }
 
 /// What one slice of a blocking wait ended with.
@@ -85,13 +88,14 @@ pub(crate) enum Waited {
 }
 
 impl Op {
-    pub(crate) fn new(fut: EngineFuture) -> Arc<Self> {
+    pub(crate) fn new(fut: EngineFuture, driven: bool) -> Arc<Self> {
         let signal = Signal::new();
         let op = Arc::new(Self {
             fut: Mutex::new(Some(fut)),
             result: OnceLock::new(),
             waker: Waker::from(signal.clone()),
             signal,
+            driven,
         });
         // The first poll registers the waker, so completion always notifies.
         op.poll();
@@ -120,6 +124,9 @@ impl Op {
     /// Waits until done, `deadline` or the end of one slice (GIL released by the caller).
     pub(crate) fn wait_slice(&self, deadline: Option<Instant>) -> Waited {
         let slice_end = Instant::now() + SIGNAL_CHECK;
+        if self.driven {
+            return self.spin_slice(deadline, slice_end);
+        }
         loop {
             let seen = self.signal.generation();
             if let Some(r) = self.poll() {
@@ -135,6 +142,27 @@ impl Op {
                     _ => Waited::Slice,
                 };
             }
+        }
+    }
+
+    /// A caller-driven wait: every poll runs one progress pass on this
+    /// thread (the engine's futures drive its NICs when polled), as NIXL's
+    /// caller-driven mode spins in `checkXferReq` + `progress`.
+    fn spin_slice(&self, deadline: Option<Instant>, slice_end: Instant) -> Waited {
+        let mut rounds = 0u32;
+        loop {
+            if let Some(r) = self.poll() {
+                return Waited::Done(r.clone());
+            }
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                return Waited::TimedOut;
+            }
+            if now >= slice_end {
+                return Waited::Slice;
+            }
+            rounds = rounds.wrapping_add(1);
+            relax(rounds);
         }
     }
 
@@ -193,6 +221,40 @@ impl Op {
     }
 }
 
+/// Between two fruitless passes of a spinning wait: give the core away
+/// now and then, so that the peer process (or a worker) on a 2-core
+/// machine gets to run, as transfer-core's own caller-driven waits do.
+fn relax(rounds: u32) {
+    if rounds % 64 == 0 {
+        std::thread::yield_now();
+    } else {
+        std::hint::spin_loop();
+    }
+}
+
+/// Drives a caller-driven engine on this thread (GIL released by the
+/// caller) until `ready()` holds or `until` passes; returns whether it held.
+pub(crate) fn drive_until(
+    shared: &crate::engine::Shared,
+    until: Instant,
+    ready: impl Fn() -> bool,
+) -> bool {
+    let mut rounds = 0u32;
+    loop {
+        let did = shared.progress();
+        if ready() {
+            return true;
+        }
+        if Instant::now() >= until {
+            return false;
+        }
+        if !did {
+            rounds = rounds.wrapping_add(1);
+            relax(rounds);
+        }
+    }
+}
+
 /// `timeout` seconds from now; `None` for no limit.
 pub(crate) fn deadline(timeout: Option<f64>) -> PyResult<Option<Instant>> {
     match timeout {
@@ -232,9 +294,15 @@ pub struct Transfer {
 
 impl Transfer {
     /// A write, send or barrier; `keep` stays referenced while the transfer lives.
-    pub(crate) fn new(fut: EngineFuture, what: &'static str, keep: Option<Py<PyAny>>) -> Self {
+    /// `driven`: the engine is caller-driven (waits drive it).
+    pub(crate) fn new(
+        fut: EngineFuture,
+        what: &'static str,
+        keep: Option<Py<PyAny>>,
+        driven: bool,
+    ) -> Self {
         Self {
-            op: Op::new(fut),
+            op: Op::new(fut, driven),
             what,
             cancellable: false,
             _keep: keep,
@@ -254,8 +322,12 @@ impl Transfer {
 
 #[pymethods]
 impl Transfer {
-    /// Whether the operation finished (successfully or not).
-    fn done(&self) -> bool {
+    /// Whether the operation finished (successfully or not). With a
+    /// caller-driven engine this runs one progress pass (GIL released).
+    fn done(&self, py: Python<'_>) -> bool {
+        if self.op.driven && self.op.result.get().is_none() {
+            return py.detach(|| self.op.poll().is_some());
+        }
         self.op.poll().is_some()
     }
 

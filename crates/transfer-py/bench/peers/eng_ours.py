@@ -1,7 +1,10 @@
 """Our engine (the `transfer` package) behind the peers bench's adapter
 interface. One registered buffer per process; rows are (local offset,
 remote offset, nbytes); a notification is an immediate value counted by
-the receiver (`wait_imm` blocks with the GIL released: no polling)."""
+the receiver (`wait_imm` blocks with the GIL released: no polling).
+Mode "caller": the engine has no worker threads (`progress="caller"`);
+every wait drives it on the calling thread with the GIL released, and an
+idle target polls `progress()` (as NIXL's caller mode drains its agent)."""
 
 from __future__ import annotations
 
@@ -21,16 +24,26 @@ class Adapter:
         provider = {"tcp": "tcp", "shm": "shm"}[transport]
         bind = "127.0.0.1" if transport == "tcp" else None
         self.busy = mode == "busy"
-        self.eng = transfer.Engine(provider=provider, bind=bind, busy_poll=self.busy)
+        self.caller = mode == "caller"
+        self.eng = transfer.Engine(
+            provider=provider, bind=bind, busy_poll=self.busy,
+            progress="caller" if self.caller else "thread",
+        )
         self.buf = buf
         self.region = self.eng.register(buf)
         self.dst: Any = None
         self.peer: Any = None
         self._counts: dict[tuple[Any, ...], int] = {}
+        if self.caller:
+            how = ("caller-driven progress (no engine threads): the caller polls inside every wait "
+                   "(GIL released) and an idle target polls progress() (one busy core per process)")
+        else:
+            how = "engine worker thread " + (
+                "busy-polling (one core per process)" if self.busy else "(parks when idle, no busy polling)")
         self.config = (
-            f"transfer-py (Python), libfabric {self.eng.provider}, engine worker thread "
-            + ("busy-polling (one core per process)" if self.busy else "(parks when idle, no busy polling)")
-            + ", writes via write / write_batch / write_paged, receiver blocks in wait_imm"
+            f"transfer-py (Python), libfabric {self.eng.provider}, {how}"
+            + ", writes via write / write_batch / write_paged, receiver "
+            + ("spins in wait_imm" if self.caller else "blocks in wait_imm")
         )
 
     def info(self) -> dict[str, Any]:
@@ -75,6 +88,12 @@ class Adapter:
         self.eng.wait_imm(key, self._count(shape), timeout=TIMEOUT)
 
     def idle(self, conn: Any) -> Any:
+        if not self.caller:
+            return conn.recv()
+        # Caller mode: nothing else moves this engine (shm completes a
+        # peer's write only when the target makes progress).
+        while not conn.poll(0):
+            self.eng.progress()
         return conn.recv()
 
     def close(self) -> None:

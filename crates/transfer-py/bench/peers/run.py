@@ -6,7 +6,7 @@ once, then again), each row is the median of --repeats runs, and the
 receiver checks the bytes after every timed phase (a mismatch fails).
 
     python run.py [--repeats 3] [--quick] [--transports tcp,shm]
-                  [--engines ours,mooncake,nixl,nixl-caller] [--no-kv] [--no-prims]
+                  [--engines ours,ours-caller,mooncake,nixl,nixl-caller] [--no-kv] [--no-prims]
                   [--out-dir target/bench/peers] [--kv-out-dir target/bench/workloads]
 """
 
@@ -32,6 +32,8 @@ ENGINES = {
     "ours": ("eng_ours", "", ("tcp", "shm")),
     # A diagnostic, not in the default list: workers busy-poll (one core each).
     "ours-busy": ("eng_ours", "busy", ("tcp", "shm")),
+    # Caller-driven progress: no engine threads, the caller polls.
+    "ours-caller": ("eng_ours", "caller", ("tcp", "shm")),
     "mooncake": ("eng_mooncake", "", ("tcp",)),
     "nixl": ("eng_nixl", "thread", ("tcp", "shm")),
     "nixl-caller": ("eng_nixl", "caller", ("tcp", "shm")),
@@ -170,8 +172,10 @@ def prims(args: argparse.Namespace) -> None:
                 recs.append(record("primitives", ENGINE_NAME[e], t, configs[(e, t)], {"row": label}, "p99_us", unit, p99))
         write_jsonl(Path(args.out_dir) / f"{e}-primitives-{t}.jsonl", recs)
     peers = [e for e in ("mooncake", "nixl", "nixl-caller") if e in args.engines]
-    extra = ["ours-busy"] if "ours-busy" in args.engines else []
-    head = ["row", "via", "ours"] + [TITLE[e] for e in extra + peers] + ["ours / best peer"]
+    extra = [e for e in ("ours-caller", "ours-busy") if e in args.engines]
+    ratios = [e for e in ("ours", "ours-caller") if e in args.engines]
+    head = (["row", "via", "ours"] + [TITLE[e] for e in extra + peers]
+            + [f"{TITLE[e]} / best peer" for e in ratios])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for t in args.transports:
         for key, label, unit in ROWS:
@@ -186,14 +190,15 @@ def prims(args: argparse.Namespace) -> None:
                 else:
                     row.append(f"{fmt(v[0], unit)} / {fmt(v[1], unit)}" + (f" {unit}" if e == "ours" else ""))
             best = [cells_[e][0] for e in peers if e in cells_]
-            ours = cells_.get("ours")
-            if best and ours:
-                b = max(best) if unit == "GB/s" else min(best)
-                ratio = ours[0] / b
-                good = ratio >= 1.0 if unit == "GB/s" else ratio <= 1.0
-                row.append(f"{ratio:.2f}{'' if good else ' (behind)'}")
-            else:
-                row.append("-")
+            for e in ratios:
+                ours = cells_.get(e)
+                if best and ours:
+                    b = max(best) if unit == "GB/s" else min(best)
+                    ratio = ours[0] / b
+                    good = ratio >= 1.0 if unit == "GB/s" else ratio <= 1.0
+                    row.append(f"{ratio:.2f}{'' if good else ' (behind)'}")
+                else:
+                    row.append("-")
             lines.append("| " + " | ".join(row) + " |")
     say("\n## Against NIXL and Mooncake: primitives (latencies p50 / p99 in us; medians of "
           f"{args.repeats} interleaved repeats; bytes checked at the receiver)\n")
@@ -273,9 +278,9 @@ def kv(args: argparse.Namespace) -> None:
     say(f"\nkv records: {args.kv_out_dir}/<engine>-kv-<transport>.jsonl")
 
 
-TITLE = {"ours": "ours", "ours-busy": "ours busy-poll", "mooncake": "Mooncake", "nixl": "NIXL", "nixl-caller": "NIXL caller"}
-ENGINE_NAME = {"ours": "ours", "ours-busy": "ours", "mooncake": "mooncake", "nixl": "nixl", "nixl-caller": "nixl"}
-KV_NAME = {"ours": "ours-py", "ours-busy": "ours-py-busy", "mooncake": "mooncake", "nixl": "nixl", "nixl-caller": "nixl"}
+TITLE = {"ours": "ours", "ours-busy": "ours busy-poll", "ours-caller": "ours caller", "mooncake": "Mooncake", "nixl": "NIXL", "nixl-caller": "NIXL caller"}
+ENGINE_NAME = {"ours": "ours", "ours-busy": "ours", "ours-caller": "ours", "mooncake": "mooncake", "nixl": "nixl", "nixl-caller": "nixl"}
+KV_NAME = {"ours": "ours-py", "ours-busy": "ours-py-busy", "ours-caller": "ours-py-caller", "mooncake": "mooncake", "nixl": "nixl", "nixl-caller": "nixl"}
 
 
 def main() -> None:
@@ -284,7 +289,7 @@ def main() -> None:
     ap.add_argument("--kv-repeats", type=int, default=5)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--transports", default="tcp,shm")
-    ap.add_argument("--engines", default="ours,mooncake,nixl,nixl-caller")
+    ap.add_argument("--engines", default="ours,ours-caller,mooncake,nixl,nixl-caller")
     ap.add_argument("--no-kv", action="store_true")
     ap.add_argument("--no-prims", action="store_true")
     ap.add_argument("--out-dir", default="target/bench/peers")

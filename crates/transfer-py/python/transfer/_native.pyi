@@ -20,7 +20,8 @@ class Transfer:
     """One operation in flight: a write, send, barrier or immediate expectation."""
 
     def done(self) -> bool:
-        """Whether it finished (successfully or not)."""
+        """Whether it finished (successfully or not); drives one progress
+        pass of a caller-driven engine."""
     def wait(self, timeout: float | None = None) -> None:
         """Blocks (GIL released) until done; raises its error, or
         TransferTimeout after `timeout` seconds (the operation goes on)."""
@@ -93,7 +94,13 @@ class Engine:
         bind: str | None = None,
         peer_timeout: float | None = None,
         busy_poll: bool = False,
+        progress: Literal["thread", "caller"] = "thread",
     ) -> None: ...
+    @property
+    def progress_mode(self) -> Literal["thread", "caller"]: ...
+    def progress(self) -> bool:
+        """One progress pass of a caller-driven engine (GIL released);
+        whether anything happened. False with worker threads."""
     @property
     def address(self) -> bytes:
         """This engine's address, for peers' `Engine.connect`."""
