@@ -16,9 +16,9 @@ use transfer_core::{
 
 use crate::backend::GUARD;
 use crate::error::{BenchError, Result, protocol};
-use crate::server::wait_flags;
 use crate::workloads::coord::{Ctx, RankWork, Remote, imm};
 use crate::workloads::signal;
+use crate::workloads::signal::wait_flags;
 use crate::workloads::spec::{MoeParams, Routing};
 use crate::workloads::unit_io::{check_unit, write_unit};
 
@@ -153,13 +153,7 @@ impl Moe {
                 )?;
             }
         }
-        let armed = signal::arm(
-            &ctx.engine,
-            imm::DISPATCH,
-            count,
-            it.wrapping_add(1),
-            "dispatch rows",
-        );
+        let mut armed = signal::arm(&ctx.engine, imm::DISPATCH, count, "dispatch rows");
         ctx.barrier(peers, imm::barrier(0, it))?;
         let start = Instant::now();
         let mut flags: Vec<Arc<DoneFlag>> = Vec::new();
@@ -196,7 +190,7 @@ impl Moe {
         }
         armed.wait(Instant::now() + GUARD)?;
         let elapsed = start.elapsed().as_secs_f64() * 1e6;
-        wait_flags(&flags)?;
+        wait_flags(&ctx.engine, &flags)?;
         // Untimed: every received row, from every source, in its slot.
         for s in 0..e {
             for (k, &t) in self.rt.tokens[s][r].iter().enumerate() {
@@ -245,13 +239,7 @@ impl Moe {
                 )?;
             }
         }
-        let armed = signal::arm(
-            &ctx.engine,
-            imm::COMBINE,
-            count,
-            it.wrapping_add(1),
-            "combine rows",
-        );
+        let mut armed = signal::arm(&ctx.engine, imm::COMBINE, count, "combine rows");
         ctx.barrier(peers, imm::barrier(1, it))?;
         let start = Instant::now();
         let mut flags: Vec<Arc<DoneFlag>> = Vec::new();
@@ -286,7 +274,7 @@ impl Moe {
         armed.wait(Instant::now() + GUARD)?;
         self.weighted_sum(r)?;
         let elapsed = start.elapsed().as_secs_f64() * 1e6;
-        wait_flags(&flags)?;
+        wait_flags(&ctx.engine, &flags)?;
         for d in 0..e {
             for (k, &t) in self.rt.tokens[r][d].iter().enumerate() {
                 let at = self.layouts[r].crecv[d] + k as u64 * c;
