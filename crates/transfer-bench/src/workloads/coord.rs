@@ -17,7 +17,7 @@ use transfer_core::{
 use crate::backend::{BackendOpts, GUARD};
 use crate::error::{BenchError, Result, io, protocol};
 use crate::proto::Channel;
-use crate::server::wait_flags;
+use crate::workloads::signal::{self, wait_flags};
 
 /// What every rank runs (the same for all).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -128,32 +128,21 @@ impl Ctx {
         let flag = DoneFlag::new();
         self.engine
             .submit_barrier(&targets, imm, Notify::Flag(flag.clone()))?;
-        let deadline = Instant::now() + GUARD;
-        let mut left = targets.len() as u64;
-        while left > 0 {
-            left -= self.engine.take_imm(imm, left);
-            if Instant::now() > deadline {
-                return Err(protocol("workloads: barrier", "a rank never arrived"));
-            }
-            std::thread::yield_now();
-        }
-        wait_flags(&[flag])
+        // Blocking, not yielding: a yielding waiter takes the cores from
+        // the workers of the ranks that have yet to arrive.
+        signal::wait_imms(
+            &self.engine,
+            imm,
+            targets.len() as u64,
+            Instant::now() + GUARD,
+            "a rank at the barrier",
+        )?;
+        wait_flags(&self.engine, &[flag])
     }
 
-    /// Waits (yielding) until `n` immediates `imm` were taken.
+    /// Blocks until `n` immediates `imm` arrived, consuming them.
     pub fn take_imms(&self, imm: u32, n: u64, what: &'static str) -> Result<()> {
-        let deadline = Instant::now() + GUARD;
-        let mut left = n;
-        while left > 0 {
-            left -= self.engine.take_imm(imm, left);
-            if left > 0 {
-                if Instant::now() > deadline {
-                    return Err(protocol("workloads: wait", format!("{what} never arrived")));
-                }
-                std::thread::yield_now();
-            }
-        }
-        Ok(())
+        signal::wait_imms(&self.engine, imm, n, Instant::now() + GUARD, what)
     }
 
     /// A zero-byte write carrying `imm` to `to`.
@@ -217,8 +206,12 @@ fn rank_loop(
     };
     let setup = setup_of(&job.workload)
         .ok_or_else(|| BenchError::Usage(format!("unknown workload {:?}", job.workload)))?;
+    let mode = signal::progress_mode(opts)?;
     let ctx = Ctx {
-        engine: Arc::new(opts.engine()?),
+        engine: Arc::new(
+            opts.backend()?
+                .engine_with(|b| b.idle_policy(crate::backend::idle_policy()).progress(mode))?,
+        ),
         rank,
         world: job.world,
     };

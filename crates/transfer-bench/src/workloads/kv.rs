@@ -4,12 +4,14 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use transfer_core::{DoneFlag, LocalRegion, Notify, PagedWriteRequest, Pages, WriteShape};
+use transfer_core::{
+    DoneFlag, LocalRegion, Notify, PagedWriteRequest, Pages, ProgressMode, WriteShape,
+};
 
 use crate::backend::GUARD;
 use crate::error::{BenchError, Result, protocol};
-use crate::server::wait_flags;
 use crate::workloads::coord::{Ctx, RankWork, Remote, imm};
+use crate::workloads::signal::wait_flags;
 use crate::workloads::signal::{self, Armed};
 use crate::workloads::spec::{KvParams, fill, shuffle};
 use crate::workloads::unit_io::check_unit;
@@ -96,8 +98,13 @@ impl Kv {
         for l in 0..p.layers {
             // The layer's "compute" for all R requests.
             let t = Instant::now();
+            // The CPU thread is free while the GPU computes: with
+            // caller-driven progress it drives the layers already posted.
+            let caller = ctx.engine.progress_mode() == ProgressMode::Caller;
             while t.elapsed() < compute {
-                std::hint::spin_loop();
+                if !(caller && ctx.engine.progress()) {
+                    std::hint::spin_loop();
+                }
             }
             if l + 1 == p.layers {
                 compute_end = Instant::now();
@@ -136,7 +143,7 @@ impl Kv {
         }
         ctx.take_imms(imm::ACK, 1, "decode's ack")?;
         let ack = Instant::now();
-        wait_flags(&flags)?;
+        wait_flags(&ctx.engine, &flags)?;
         let ttll_us = ack.duration_since(compute_end).as_secs_f64() * 1e6;
         let span = ack
             .duration_since(first_post.unwrap_or(start))
@@ -181,7 +188,6 @@ impl Kv {
                     &ctx.engine,
                     imm::kv(r, l, p.layers),
                     per_write,
-                    it.wrapping_add(1),
                     "a kv layer",
                 ));
             }
@@ -189,11 +195,11 @@ impl Kv {
         ctx.barrier(peers, imm::barrier(0, it))?;
         // Decode consumes layer by layer (all requests of layer l, then l+1).
         let deadline = Instant::now() + GUARD;
-        for armed in &layers {
+        for armed in &mut layers {
             armed.wait(deadline)?;
         }
         let ack = ctx.notify(&self.region, &prefill.target, imm::ACK)?;
-        wait_flags(&[ack])?;
+        wait_flags(&ctx.engine, &[ack])?;
         // Untimed: every byte of every page, where the placement puts it.
         let mut buf = Vec::new();
         for r in 0..p.requests {

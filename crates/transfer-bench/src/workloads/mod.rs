@@ -180,11 +180,21 @@ fn selected(workload: &str) -> Result<Vec<&'static str>> {
 /// Words for our engine's configuration (the records' `config`).
 fn config(opts: &BackendOpts, layout: &str) -> Result<String> {
     Ok(format!(
-        "ours: {}, {} NIC(s) per engine, one engine per process, worker-thread progress, idle policy {}, \
-         receiver waits on expect_imm counters -> host flag (polled with yield); {layout}",
+        "ours: {}, {} NIC(s) per engine, one engine per process, {}; {layout}",
         opts.provider()?,
         opts.nics,
-        crate::backend::idle_policy()
+        match crate::workloads::signal::progress_mode(opts)? {
+            transfer_core::ProgressMode::Caller => "caller-driven progress (no worker thread: \
+                 the thread that submits posts, the thread that waits polls, yielding on every \
+                 idle poll; kv prefill drives progress during its compute), receivers \
+                 wait on imm_future expectations"
+                .to_string(),
+            transfer_core::ProgressMode::Thread => format!(
+                "worker-thread progress, idle policy {}, receivers block on imm_future \
+                 expectations (woken by the worker)",
+                crate::backend::idle_policy()
+            ),
+        }
     ))
 }
 

@@ -81,7 +81,29 @@ pub fn render(records: &[Record]) -> String {
         let rows: Vec<&Record> = records.iter().filter(|r| r.workload == w).collect();
         // (transport, params key, metric) -> engine -> record; sorted by
         // transport, then the params' numeric order, then metric.
-        let mut table: BTreeMap<RowKey, BTreeMap<&str, &Record>> = BTreeMap::new();
+        // An engine may run several ways on one transport (Open MPI's
+        // weights: MPI_Put and MPI_Bcast), told apart only by `config`:
+        // each way keeps its own value in the cell, tagged [1], [2], ...
+        let mut configs: Vec<(String, String, String)> = Vec::new();
+        for r in &rows {
+            let c = (r.engine.clone(), r.transport.clone(), r.config.clone());
+            if !configs.contains(&c) {
+                configs.push(c);
+            }
+        }
+        let tag = |r: &Record| -> String {
+            let same: Vec<&(String, String, String)> = configs
+                .iter()
+                .filter(|c| c.0 == r.engine && c.1 == r.transport)
+                .collect();
+            if same.len() < 2 {
+                return String::new();
+            }
+            same.iter()
+                .position(|c| c.2 == r.config)
+                .map_or(String::new(), |i| format!(" [{}]", i + 1))
+        };
+        let mut table: BTreeMap<RowKey, BTreeMap<&str, Vec<&Record>>> = BTreeMap::new();
         let mut order: BTreeMap<RowKey, RowOrder> = BTreeMap::new();
         for r in &rows {
             let k = (
@@ -99,7 +121,12 @@ pub fn render(records: &[Record]) -> String {
                 })
                 .collect();
             order.insert(k.clone(), (r.transport.clone(), nums, r.metric.clone()));
-            table.entry(k).or_default().insert(r.engine.as_str(), r);
+            table
+                .entry(k)
+                .or_default()
+                .entry(r.engine.as_str())
+                .or_default()
+                .push(r);
         }
         let mut keys: Vec<_> = table.keys().cloned().collect();
         keys.sort_by(|a, b| order[a].cmp(&order[b]));
@@ -111,23 +138,35 @@ pub fn render(records: &[Record]) -> String {
         let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|");
         for k in keys {
             let e = &table[&k];
-            let Some(any) = e.values().next() else {
+            let Some(any) = e.values().flatten().next() else {
                 continue;
             };
             let unit = any.unit.as_str();
             let cell = |name: &str| {
-                e.get(name).map_or("-".to_string(), |r| {
-                    let mut s = fmt(r.value, &r.unit);
-                    if !r.verified && name != "bound" {
-                        s.push_str(" (unverified)");
-                    }
-                    s
+                e.get(name).map_or("-".to_string(), |rs| {
+                    rs.iter()
+                        .map(|r| {
+                            let mut s = fmt(r.value, &r.unit);
+                            s.push_str(&tag(r));
+                            if !r.verified && name != "bound" {
+                                s.push_str(" (unverified)");
+                            }
+                            s
+                        })
+                        .collect::<Vec<_>>()
+                        .join(" / ")
                 })
             };
-            let ours = e.get("ours").map(|r| r.value);
+            let first = |name: &str| e.get(name).and_then(|rs| rs.first()).map(|r| r.value);
+            let ours = first("ours");
             let best_peer = PEERS
                 .iter()
-                .filter_map(|p| e.get(p).map(|r| (r.value, *p)))
+                .flat_map(|p| {
+                    e.get(p)
+                        .into_iter()
+                        .flatten()
+                        .map(move |r| (r.value, format!("{p}{}", tag(r))))
+                })
                 .reduce(|a, b| {
                     let better = if lower_is_better(unit) {
                         b.0 < a.0
@@ -159,20 +198,24 @@ pub fn render(records: &[Record]) -> String {
                 cell("nixl"),
                 cell("mooncake"),
                 peer_ratio,
-                ratio(ours, e.get("bound").map(|r| r.value)),
+                ratio(ours, first("bound")),
             );
         }
-        // Each engine's configuration and notes, once.
-        let mut seen: Vec<(String, String, String)> = Vec::new();
-        for r in &rows {
-            let c = (r.engine.clone(), r.transport.clone(), r.config.clone());
-            if !seen.contains(&c) {
-                seen.push(c);
-            }
-        }
+        // Each engine's configuration (and its tag when it ran several ways), once.
         let _ = writeln!(out);
-        for (engine, transport, config) in seen {
-            let _ = writeln!(out, "- {engine} ({transport}): {config}");
+        for (engine, transport, config) in &configs {
+            let same: Vec<&(String, String, String)> = configs
+                .iter()
+                .filter(|c| &c.0 == engine && &c.1 == transport)
+                .collect();
+            let t = if same.len() < 2 {
+                String::new()
+            } else {
+                same.iter()
+                    .position(|c| &c.2 == config)
+                    .map_or(String::new(), |i| format!(" [{}]", i + 1))
+            };
+            let _ = writeln!(out, "- {engine} ({transport}){t}: {config}");
         }
         let mut notes: Vec<(String, String)> = rows
             .iter()
@@ -269,5 +312,19 @@ mod tests {
         let t = render(&gb);
         assert!(t.contains("| 0.50 (openmpi) | - |"), "{t}");
         assert!(t.contains("- openmpi (tcp): openmpi config"), "{t}");
+    }
+
+    #[test]
+    fn ways_of_one_engine_stay_apart() {
+        let mut put = rec("openmpi", "update_s", "s", 0.04);
+        put.config = "MPI_Put".into();
+        let mut bcast = rec("openmpi", "update_s", "s", 0.03);
+        bcast.config = "MPI_Bcast variant".into();
+        let rows = vec![rec("ours", "update_s", "s", 0.06), put, bcast];
+        let t = render(&rows);
+        assert!(t.contains("| 0.040 s [1] / 0.030 s [2] |"), "{t}");
+        assert!(t.contains("| 2.00 (openmpi [2]) |"), "{t}");
+        assert!(t.contains("- openmpi (tcp) [1]: MPI_Put"), "{t}");
+        assert!(t.contains("- openmpi (tcp) [2]: MPI_Bcast variant"), "{t}");
     }
 }

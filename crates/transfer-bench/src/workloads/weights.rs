@@ -15,8 +15,8 @@ use transfer_core::{DoneFlag, LocalRegion, Notify, WriteRequest, WriteShape};
 
 use crate::backend::GUARD;
 use crate::error::{BenchError, Result, protocol};
-use crate::server::wait_flags;
 use crate::workloads::coord::{Ctx, RankWork, Remote, imm};
+use crate::workloads::signal::wait_flags;
 use crate::workloads::signal::{self, Armed};
 use crate::workloads::spec::{Tensor, WeightsParams};
 use crate::workloads::unit_io::{check_unit, write_unit};
@@ -120,7 +120,7 @@ impl Weights {
             ctx.take_imms(imm::ACK, self.p.inference, "an inference rank's ack")?;
             out.push(start.elapsed().as_secs_f64());
         }
-        wait_flags(&flags)?;
+        wait_flags(&ctx.engine, &flags)?;
         Ok(out)
     }
 
@@ -145,7 +145,6 @@ impl Weights {
                     &ctx.engine,
                     imm::weights(m as usize),
                     count,
-                    it.wrapping_add(1),
                     "a trainer's tensors",
                 ));
             }
@@ -156,11 +155,11 @@ impl Weights {
             .ok_or_else(|| protocol("weights", "missing trainer 0"))?;
         ctx.barrier(peers, imm::barrier(0, it))?;
         let deadline = Instant::now() + GUARD;
-        for a in &arms {
+        for a in &mut arms {
             a.wait(deadline)?;
         }
         let ack = ctx.notify(&self.region, &first.target, imm::ACK)?;
-        wait_flags(&[ack])?;
+        wait_flags(&ctx.engine, &[ack])?;
         let mut scratch = Vec::new();
         for (i, t) in self.tensors.iter().enumerate() {
             check_unit(
