@@ -10,14 +10,22 @@ use serde::{Deserialize, Serialize};
 use crate::error::{BenchError, Result, io};
 
 /// Engines a record may name.
-pub const ENGINES: [&str; 5] = ["ours", "openmpi", "nixl", "mooncake", "bound"];
+pub const ENGINES: [&str; 7] = [
+    "ours",
+    "ours-py",
+    "ours-py-caller",
+    "openmpi",
+    "nixl",
+    "mooncake",
+    "bound",
+];
 
 /// One result.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Record {
     /// kv, weights or moe.
     pub workload: String,
-    /// ours, openmpi, nixl, mooncake or bound.
+    /// One of [`ENGINES`].
     pub engine: String,
     /// tcp, shm, netns-tcp, ...
     pub transport: String,

@@ -12,6 +12,9 @@ use crate::workloads::records::{self, Record};
 
 /// Peer engines (not ours, not the bound).
 pub const PEERS: [&str; 3] = ["openmpi", "nixl", "mooncake"];
+/// Our engine from Python (`cargo xtask bench --peers`): worker-thread and
+/// caller-driven progress.
+pub const PYTHON: [&str; 2] = ["ours-py", "ours-py-caller"];
 
 /// Whether a smaller value is better for this unit.
 pub fn lower_is_better(unit: &str) -> bool {
@@ -133,9 +136,9 @@ pub fn render(records: &[Record]) -> String {
         let _ = writeln!(out, "\n### {w}\n");
         let _ = writeln!(
             out,
-            "| transport | params | metric | ours | bound | openmpi | nixl | mooncake | ours/best peer | ours/bound |"
+            "| transport | params | metric | ours | ours from Python | bound | openmpi | nixl | mooncake | ours/best peer | ours from Python/best peer | ours/bound |"
         );
-        let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|");
+        let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|---|");
         for k in keys {
             let e = &table[&k];
             let Some(any) = e.values().flatten().next() else {
@@ -179,25 +182,56 @@ pub fn render(records: &[Record]) -> String {
                 (Some(x), Some(y)) if y != 0.0 => format!("{:.2}", x / y),
                 _ => "-".into(),
             };
-            let peer_ratio = match best_peer {
-                Some((v, name)) => match ours {
-                    Some(_) => format!("{} ({name})", ratio(ours, Some(v))),
+            let peer_ratio_of = |mine: Option<f64>| match &best_peer {
+                Some((v, name)) => match mine {
+                    Some(_) => format!("{} ({name})", ratio(mine, Some(*v))),
                     None => "-".into(),
                 },
                 None => "-".into(),
             };
+            let peer_ratio = peer_ratio_of(ours);
+            // Our engine driven from Python (the peers' harness, same pattern
+            // as NIXL and Mooncake there): its best mode against the best peer.
+            let ours_py = PYTHON.iter().filter_map(|p| first(p)).reduce(|a, b| {
+                if (lower_is_better(unit) && b < a) || (!lower_is_better(unit) && b > a) {
+                    b
+                } else {
+                    a
+                }
+            });
+            let py_cell = {
+                let cells: Vec<String> = PYTHON
+                    .iter()
+                    .filter(|p| e.contains_key(**p))
+                    .map(|p| {
+                        let mode = if *p == "ours-py-caller" {
+                            "caller"
+                        } else {
+                            "thread"
+                        };
+                        format!("{} ({mode})", cell(p))
+                    })
+                    .collect();
+                if cells.is_empty() {
+                    "-".to_string()
+                } else {
+                    cells.join(" / ")
+                }
+            };
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 k.0,
                 label(w, &any.params),
                 k.2,
                 cell("ours"),
+                py_cell,
                 cell("bound"),
                 cell("openmpi"),
                 cell("nixl"),
                 cell("mooncake"),
                 peer_ratio,
+                peer_ratio_of(ours_py),
                 ratio(ours, first("bound")),
             );
         }
@@ -303,14 +337,14 @@ mod tests {
             rec("bound", "dispatch_us", "us", 25.0),
         ];
         let t = render(&rows);
-        assert!(t.contains("| 0.62 (nixl) | 2.00 |"), "{t}");
+        assert!(t.contains("| 0.62 (nixl) | - | 2.00 |"), "{t}");
         let gb = vec![
             rec("ours", "kv_gbps", "GB/s", 2.0),
             rec("mooncake", "kv_gbps", "GB/s", 1.0),
             rec("openmpi", "kv_gbps", "GB/s", 4.0),
         ];
         let t = render(&gb);
-        assert!(t.contains("| 0.50 (openmpi) | - |"), "{t}");
+        assert!(t.contains("| 0.50 (openmpi) | - | - |"), "{t}");
         assert!(t.contains("- openmpi (tcp): openmpi config"), "{t}");
     }
 
@@ -323,8 +357,24 @@ mod tests {
         let rows = vec![rec("ours", "update_s", "s", 0.06), put, bcast];
         let t = render(&rows);
         assert!(t.contains("| 0.040 s [1] / 0.030 s [2] |"), "{t}");
-        assert!(t.contains("| 2.00 (openmpi [2]) |"), "{t}");
+        assert!(t.contains("| 2.00 (openmpi [2]) | - |"), "{t}");
         assert!(t.contains("- openmpi (tcp) [1]: MPI_Put"), "{t}");
         assert!(t.contains("- openmpi (tcp) [2]: MPI_Bcast variant"), "{t}");
+    }
+
+    #[test]
+    fn our_python_rows_have_their_own_column_and_ratio() {
+        let rows = vec![
+            rec("ours", "dispatch_us", "us", 50.0),
+            rec("ours-py", "dispatch_us", "us", 90.0),
+            rec("ours-py-caller", "dispatch_us", "us", 60.0),
+            rec("nixl", "dispatch_us", "us", 80.0),
+        ];
+        let t = render(&rows);
+        assert!(
+            t.contains("| 50.00 us | 90.00 us (thread) / 60.00 us (caller) | - |"),
+            "{t}"
+        );
+        assert!(t.contains("| 0.62 (nixl) | 0.75 (nixl) |"), "{t}");
     }
 }
