@@ -26,7 +26,7 @@
 //! faulting can still change bytes of buffers mapped in the worker (each
 //! buffer sits between guard pages, so a linear overrun faults).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -36,7 +36,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
-use super::compute::ComputeBackend;
+use super::compute::{ComputeBackend, PREPARED_GRAPHS};
 use super::registry::{Buffer, BufferRegistry};
 use super::worker_ipc::{
     RESULT_NOT_HELD, RESULT_OK, Receiver, TAG_COMPUTE, TAG_MAP, TAG_RESULT, TAG_RUN, TAG_UNMAP,
@@ -96,6 +96,15 @@ struct Worker {
     rx: Receiver,
     /// Buffers this worker has mapped, by handle.
     mapped: HashMap<u64, Weak<Buffer>>,
+    /// Keys of the graphs this worker may still keep, least recently run
+    /// first: those it ran, mirrored with its own cache's entry bound
+    /// ([`PREPARED_GRAPHS`], least recently used out). A key not here was
+    /// never kept (a fresh GRAPH_COMPUTE's key) or is gone, so its graph
+    /// goes with COMPUTE at once instead of a RUN the worker can only
+    /// answer with NOT_HELD: one round trip (two process wake-ups) less per
+    /// GRAPH_COMPUTE. A key here the worker dropped anyway (its tensor
+    /// bound) still gets NOT_HELD, then COMPUTE.
+    kept: VecDeque<u64>,
 }
 
 impl Worker {
@@ -150,6 +159,7 @@ impl Worker {
             sock: ours,
             rx: Receiver::default(),
             mapped: HashMap::new(),
+            kept: VecDeque::new(),
         })
     }
 
@@ -222,11 +232,34 @@ impl Worker {
         graph: &ValidatedGraph,
         key: u64,
     ) -> std::io::Result<std::result::Result<(), String>> {
-        if key != 0 {
+        if key == 0 {
+            return self.send_graph(graph, key);
+        }
+        if let Some(i) = self.kept.iter().position(|&k| k == key) {
+            self.kept.remove(i);
             if let Some(done) = self.request(TAG_RUN, &key.to_le_bytes())? {
+                if done.is_ok() {
+                    self.kept.push_back(key);
+                }
                 return Ok(done);
             }
         }
+        let done = self.send_graph(graph, key)?;
+        if done.is_ok() {
+            while self.kept.len() >= PREPARED_GRAPHS {
+                self.kept.pop_front();
+            }
+            self.kept.push_back(key);
+        }
+        Ok(done)
+    }
+
+    /// COMPUTE: the whole graph, validated again and kept by the worker.
+    fn send_graph(
+        &mut self,
+        graph: &ValidatedGraph,
+        key: u64,
+    ) -> std::io::Result<std::result::Result<(), String>> {
         let payload = GraphPayload {
             device: graph.device,
             nodes: graph

@@ -480,6 +480,18 @@ pub fn check_node(
             let (a, b) = (src(0)?, src(1)?);
             let ai = info(a)?;
             let transposed = a.nb[0] > a.nb[1];
+            let hadamard = r.op_params[1] == HINT_SRC0_IS_HADAMARD;
+            // With the Hadamard hint the kernel never reads src0 nor
+            // converts src1: ggml_compute_forward_fwht (ops.cpp) reads
+            // src1 rows as F32 or F16 (GGML_ABORT on any other type), and
+            // ggml_backend_cpu_device_supports_op accepts exactly those two
+            // for an F32 src0 and result. Without the hint, src1 must be
+            // one the vec_dot path converts.
+            let src1_ok = if hadamard {
+                a.ty == GGML_TYPE_F32 && matches!(b.ty, GGML_TYPE_F32 | GGML_TYPE_F16)
+            } else {
+                mul_mat_src1_ok(a.ty, b.ty)
+            };
             // ggml_mul_mat's builder rules, and ggml_compute_forward_mul_mat
             // (ggml-cpu.c): GGML_ASSERT(ne0 == ne01, ne1 == ne11, ne2 ==
             // ne12, ne3 == ne13), GGML_ASSERT(nb00 == type size of src0),
@@ -491,7 +503,7 @@ pub fn check_node(
                 || transposed
                 || !cpu_mul_mat_src0(a.ty)
                 || u64::from(a.nb[0]) != ai.type_size
-                || !mul_mat_src1_ok(a.ty, b.ty)
+                || !src1_ok
                 || r.ty != GGML_TYPE_F32
                 || r.ne != [a.ne[1], b.ne[1], b.ne[2], b.ne[3]]
                 || !rows_contiguous(b)
@@ -524,7 +536,7 @@ pub fn check_node(
             // floats into each dst row, whose length is ne0 = ne01. So K
             // must be a power of two and src0 the square K x K Hadamard
             // matrix (as llama_mul_mat_hadamard builds it).
-            if r.op_params[1] == HINT_SRC0_IS_HADAMARD {
+            if hadamard {
                 let k = b.ne[0];
                 if !k.is_power_of_two() || a.ne[1] != k {
                     return refuse(
@@ -1133,6 +1145,17 @@ mod tests {
             r
         };
         assert!(check_node(&r4, &srcs(&h, Some(&x)), None).is_ok());
+        // F16 activations: ggml-cpu's FWHT reads them (no vec_dot, which
+        // an F32 src0 would need F32 or BF16 for); without the hint, and
+        // BF16 with it (FWHT aborts), refused.
+        let x16 = packed(GGML_TYPE_F16, [4, 2, 1, 1]);
+        assert!(check_node(&r4, &srcs(&h, Some(&x16)), None).is_ok());
+        let mut plain = r4.clone();
+        plain.op_params[1] = 0;
+        assert!(check_node(&plain, &srcs(&h, Some(&x16)), None).is_err());
+        let xbf = packed(GGML_TYPE_BF16, [4, 2, 1, 1]);
+        assert!(check_node(&plain, &srcs(&h, Some(&xbf)), None).is_ok());
+        assert!(check_node(&r4, &srcs(&h, Some(&xbf)), None).is_err());
         let h6 = packed(GGML_TYPE_F32, [6, 6, 1, 1]);
         let x6 = packed(GGML_TYPE_F32, [6, 2, 1, 1]);
         let mut r6 = node(GGML_TYPE_F32, [6, 2, 1, 1], OP_MUL_MAT);
