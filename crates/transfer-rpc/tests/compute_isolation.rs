@@ -326,7 +326,9 @@ fn a_buffer_freed_while_its_graph_waits_is_that_graphs_error_not_the_workers() {
         env: Vec::new(),
         limits,
     }));
-    // A long graph (a 512^3 product listed 48 times) holds the worker.
+    // A long graph (a 512^3 product listed 480 times) holds the worker for
+    // seconds: 48 products took ~0.3 s once ggml was built -O3, so the small
+    // graph ran before its buffer was freed and the race went untested.
     let side = 512u32;
     let n = u64::from(side * side * 4);
     let big = registry.alloc(1, 0, 3 * n).unwrap();
@@ -339,7 +341,7 @@ fn a_buffer_freed_while_its_graph_waits_is_that_graphs_error_not_the_workers() {
     p.flags = 16;
     let long = GraphPayload {
         device: 0,
-        nodes: vec![3; 48],
+        nodes: vec![3; 480],
         tensors: vec![a, x, p],
     };
     let long = validate_graph(long, 1, registry.as_ref(), &limits).unwrap();
@@ -371,6 +373,10 @@ fn a_buffer_freed_while_its_graph_waits_is_that_graphs_error_not_the_workers() {
     let second = std::thread::spawn(move || b.compute(&add, r.as_ref()));
     std::thread::sleep(Duration::from_millis(300));
     // and its buffer is freed meanwhile.
+    assert!(
+        !first.is_finished() && !second.is_finished(),
+        "the long graph must still hold the worker when the buffer is freed (make it longer)"
+    );
     registry.free(2, handle).unwrap();
     let pid = backend.worker_pids();
     let refused = second.join().unwrap();
