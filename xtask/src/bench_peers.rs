@@ -113,25 +113,14 @@ pub fn run(args: &[String]) -> Result<(), String> {
         std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
     let py = venv(&target)?;
     let crate_dir = root.join("crates/transfer-py");
-    let wheels = target.join("peers-wheels");
-    let _ = std::fs::remove_dir_all(&wheels);
     // Release: the bench measures the engine, not a debug build of it.
-    step::run(
+    let wheel = crate::test::build_wheel(
         "our wheel, release (maturin build --release)",
-        Command::new(py.with_file_name("maturin"))
-            .args(["build", "--release", "--manifest-path"])
-            .arg(crate_dir.join("Cargo.toml"))
-            .arg("--interpreter")
-            .arg(&py)
-            .arg("--out")
-            .arg(&wheels),
+        &py,
+        &crate_dir,
+        &target.join("peers-wheels"),
+        true,
     )?;
-    let wheel = std::fs::read_dir(&wheels)
-        .map_err(|e| format!("reading {}: {e}", wheels.display()))?
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| p.extension().is_some_and(|x| x == "whl"))
-        .ok_or_else(|| format!("maturin left no wheel in {}", wheels.display()))?;
     step::run(
         "install our wheel into the peers venv",
         pip(&py)

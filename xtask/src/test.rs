@@ -1,5 +1,8 @@
 //! `cargo xtask test`: what CI runs.
 
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
 use crate::{backend_ops, bench_vm, deps, step};
 
 /// Features every workspace build of the tests enables. Not `--all-features`:
@@ -278,26 +281,13 @@ fn python_package() -> Result<(), String> {
                 .args(PY_PACKAGES),
         )?;
     }
-    let wheels = target.join("py-wheels");
-    // Only this build's wheel in there.
-    let _ = std::fs::remove_dir_all(&wheels);
-    step::run(
+    let wheel = build_wheel(
         "python wheel (maturin build)",
-        Command::new(venv.join("bin/maturin"))
-            .arg("build")
-            .arg("--manifest-path")
-            .arg(crate_dir.join("Cargo.toml"))
-            .arg("--interpreter")
-            .arg(&py)
-            .arg("--out")
-            .arg(&wheels),
+        &py,
+        &crate_dir,
+        &target.join("py-wheels"),
+        false,
     )?;
-    let wheel = std::fs::read_dir(&wheels)
-        .map_err(|e| format!("reading {}: {e}", wheels.display()))?
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| p.extension().is_some_and(|x| x == "whl"))
-        .ok_or_else(|| format!("maturin left no wheel in {}", wheels.display()))?;
     step::run(
         "install the wheel",
         Command::new(&py)
@@ -336,4 +326,35 @@ fn python_package() -> Result<(), String> {
             "python package tests failed ({status}) after {secs:.1} s"
         )),
     }
+}
+
+/// Builds transfer-py's wheel with the maturin of `py`'s venv into `out`
+/// (emptied first, so the one wheel there is this build's) and returns it;
+/// `release` for a bench that measures the engine rather than a debug build.
+pub fn build_wheel(
+    step_name: &str,
+    py: &Path,
+    crate_dir: &Path,
+    out: &Path,
+    release: bool,
+) -> Result<PathBuf, String> {
+    let _ = std::fs::remove_dir_all(out);
+    let mut cmd = Command::new(py.with_file_name("maturin"));
+    cmd.arg("build");
+    if release {
+        cmd.arg("--release");
+    }
+    cmd.arg("--manifest-path")
+        .arg(crate_dir.join("Cargo.toml"))
+        .arg("--interpreter")
+        .arg(py)
+        .arg("--out")
+        .arg(out);
+    step::run(step_name, &mut cmd)?;
+    std::fs::read_dir(out)
+        .map_err(|e| format!("reading {}: {e}", out.display()))?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "whl"))
+        .ok_or_else(|| format!("maturin left no wheel in {}", out.display()))
 }
