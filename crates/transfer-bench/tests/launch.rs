@@ -6,8 +6,11 @@
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
+
+mod common;
+use common::{Guard, wait};
 
 const BENCH: &str = env!("CARGO_BIN_EXE_transfer-bench");
 
@@ -17,30 +20,6 @@ fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
-}
-
-/// Kills the child on every exit path (a failed assertion included).
-struct Guard(Option<Child>);
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        if let Some(c) = &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-fn wait(mut g: Guard, deadline: Instant, what: &str) -> Output {
-    let c = g.0.as_mut().unwrap();
-    while c.try_wait().unwrap().is_none() {
-        assert!(
-            Instant::now() < deadline,
-            "{what} still running at the deadline"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    g.0.take().unwrap().wait_with_output().unwrap()
 }
 
 fn tcp_available() -> bool {

@@ -7,8 +7,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
+
+mod common;
+use common::{Guard, wait};
 
 const BENCH: &str = env!("CARGO_BIN_EXE_transfer-bench");
 
@@ -28,29 +31,8 @@ fn out_dir(name: &str) -> PathBuf {
     d
 }
 
-/// Kills the child on every exit path (a failed assertion included).
-struct Guard(Option<Child>);
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        if let Some(c) = &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-fn finish(mut g: Guard, limit: Duration, what: &str) -> Output {
-    let deadline = Instant::now() + limit;
-    let c = g.0.as_mut().unwrap();
-    while c.try_wait().unwrap().is_none() {
-        assert!(
-            Instant::now() < deadline,
-            "{what} still running after {limit:?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let out = g.0.take().unwrap().wait_with_output().unwrap();
+fn finish(g: Guard, limit: Duration, what: &str) -> Output {
+    let out = wait(g, Instant::now() + limit, what);
     assert!(
         out.status.success(),
         "{what}: {}\n{}\n--- stderr ---\n{}",
