@@ -148,31 +148,7 @@ fn llama_bench(
             String::from_utf8_lossy(&out.stderr).trim()
         ));
     }
-    let text = String::from_utf8_lossy(&out.stdout);
-    let mut lines = text.lines();
-    let header = csv_fields(lines.next().ok_or("llama-bench printed nothing")?);
-    let col = |name: &str| {
-        header
-            .iter()
-            .position(|h| *h == name)
-            .ok_or(format!("llama-bench csv has no {name}"))
-    };
-    let (np, ng, ts) = (col("n_prompt")?, col("n_gen")?, col("avg_ts")?);
-    let mut rows = Vec::new();
-    for line in lines {
-        let f = csv_fields(line);
-        let get = |i: usize| f.get(i).map_or("", String::as_str);
-        let test = if get(ng) == "0" {
-            format!("pp{}", get(np))
-        } else {
-            format!("tg{}", get(ng))
-        };
-        let v: f64 = get(ts)
-            .parse()
-            .map_err(|e| format!("avg_ts {}: {e}", get(ts)))?;
-        rows.push((test, v));
-    }
-    Ok(rows)
+    rates(&String::from_utf8_lossy(&out.stdout))
 }
 
 pub fn run(args: &[String]) -> Result<(), String> {
@@ -302,4 +278,33 @@ pub fn run(args: &[String]) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// The (test, tokens/s) rows of llama-bench's `-o csv` output: `ppN` for a
+/// prompt run, `tgN` for a generation run, from its `avg_ts` column.
+pub fn rates(text: &str) -> Result<Vec<(String, f64)>, String> {
+    let mut lines = text.lines();
+    let header = csv_fields(lines.next().ok_or("llama-bench printed nothing")?);
+    let col = |name: &str| {
+        header
+            .iter()
+            .position(|h| *h == name)
+            .ok_or(format!("llama-bench csv has no {name}"))
+    };
+    let (np, ng, ts) = (col("n_prompt")?, col("n_gen")?, col("avg_ts")?);
+    let mut rows = Vec::new();
+    for line in lines {
+        let f = csv_fields(line);
+        let get = |i: usize| f.get(i).map_or("", String::as_str);
+        let test = if get(ng) == "0" {
+            format!("pp{}", get(np))
+        } else {
+            format!("tg{}", get(ng))
+        };
+        let v: f64 = get(ts)
+            .parse()
+            .map_err(|e| format!("avg_ts {}: {e}", get(ts)))?;
+        rows.push((test, v));
+    }
+    Ok(rows)
 }

@@ -233,31 +233,7 @@ fn llama_bench(
             if plugin { "plugin" } else { "stock" }
         ));
     }
-    let text = String::from_utf8_lossy(&out.stdout);
-    let mut lines = text.lines();
-    let header = crate::bench_llama::csv_fields(lines.next().ok_or("llama-bench printed nothing")?);
-    let col = |name: &str| {
-        header
-            .iter()
-            .position(|h| *h == name)
-            .ok_or(format!("llama-bench csv has no {name}"))
-    };
-    let (np, ng, ts) = (col("n_prompt")?, col("n_gen")?, col("avg_ts")?);
-    let mut rows = Vec::new();
-    for line in lines {
-        let f = crate::bench_llama::csv_fields(line);
-        let get = |i: usize| f.get(i).map_or("", String::as_str);
-        let test = if get(ng) == "0" {
-            format!("pp{}", get(np))
-        } else {
-            format!("tg{}", get(ng))
-        };
-        let v: f64 = get(ts)
-            .parse()
-            .map_err(|e| format!("avg_ts {}: {e}", get(ts)))?;
-        rows.push((test, v));
-    }
-    Ok(rows)
+    crate::bench_llama::rates(&String::from_utf8_lossy(&out.stdout))
 }
 
 fn uptime() -> String {
