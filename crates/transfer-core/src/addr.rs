@@ -36,9 +36,17 @@ impl std::fmt::Display for BackendKind {
 /// decide whether one immediate per shard suffices (ordered) or every page
 /// write must carry it (unordered), and the receiver reads it from the
 /// sender's address to know how many immediates to expect.
+///
+/// What the engine relies on is narrower than placement order: a write
+/// carrying an immediate is not delivered to the receiver before the
+/// writes posted ahead of it in the same [`crate::Domain::submit_writes`]
+/// call have landed. RC guarantees it by placement order; transfer-efa's
+/// tcp and shm domains by holding such a write until the others were
+/// delivered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Ordering {
-    /// Writes on one NIC pair are placed in posting order.
+    /// A write's immediate arrives only after the writes posted before it
+    /// in its submit call have landed.
     InOrder,
     /// Writes may be placed in any order.
     Unordered,

@@ -10,10 +10,11 @@
 use std::collections::HashMap;
 use std::ffi::c_void;
 
-use transfer_core::{PeerId, WriteOp};
+use transfer_core::PeerId;
 
 use crate::domain::PendingRecv;
 use crate::mr::MemoryRegistration;
+use crate::posting::Posting;
 use crate::sys;
 
 /// Where the bytes of a posted send live until its completion.
@@ -36,7 +37,7 @@ pub(crate) enum SlotKind {
         /// Destination.
         peer: PeerId,
         /// The write, kept for one retry after a broken connection.
-        write: WriteOp,
+        write: Posting,
         /// Whether this is that retry.
         retried: bool,
     },

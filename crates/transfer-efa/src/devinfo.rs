@@ -141,6 +141,22 @@ impl OwnedInfo {
             .unwrap_or(0)
     }
 
+    /// Local segments per operation (`tx_attr->iov_limit`; 0 unknown).
+    pub(crate) fn iov_limit(&self) -> usize {
+        // SAFETY: as above.
+        unsafe { self.info().tx_attr.as_ref() }
+            .map(|a| a.iov_limit)
+            .unwrap_or(0)
+    }
+
+    /// Remote segments per RMA operation (`tx_attr->rma_iov_limit`; 0 unknown).
+    pub(crate) fn rma_iov_limit(&self) -> usize {
+        // SAFETY: as above.
+        unsafe { self.info().tx_attr.as_ref() }
+            .map(|a| a.rma_iov_limit)
+            .unwrap_or(0)
+    }
+
     pub(crate) fn tx_size(&self) -> usize {
         // SAFETY: as above.
         unsafe { self.info().tx_attr.as_ref() }

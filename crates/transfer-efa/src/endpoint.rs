@@ -12,6 +12,7 @@ use crate::cq::CompletionQueue;
 use crate::devinfo::OwnedInfo;
 use crate::fabric::{FiDomain, bind_fid, close_fid, enable_fid};
 use crate::library::Library;
+use crate::posting::MAX_SEGMENTS;
 use crate::sys;
 
 /// An enabled RDM endpoint, closed on drop (before its CQ and AV).
@@ -134,42 +135,58 @@ impl Endpoint {
         }
     }
 
-    /// `fi_writemsg` of one local span to one remote span, with
-    /// `FI_REMOTE_CQ_DATA` when `imm` is set, plus `extra_flags` (e.g.
-    /// `FI_DELIVERY_COMPLETE`). Returns the raw status.
+    /// `fi_writemsg` of local segments `(address, len)` (all in the
+    /// registration `desc` describes) to remote segments `(address, len)`
+    /// under one key, with `FI_REMOTE_CQ_DATA` when `imm` is set, plus
+    /// `extra_flags` (e.g. `FI_DELIVERY_COMPLETE`). Both lists hold the same
+    /// number of bytes and at most [`MAX_SEGMENTS`] entries (within the
+    /// provider's `iov_limit` and `rma_iov_limit`). Returns the raw status.
     ///
     /// # Safety
-    /// As for [`Self::send`]; `dest` must come from this endpoint's AV.
+    /// As for [`Self::send`], for every local segment; `dest` must come
+    /// from this endpoint's AV.
     #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn write(
         &mut self,
-        local: *const u8,
-        len: usize,
+        local: &[(usize, usize)],
         desc: *mut c_void,
         dest: sys::fi_addr_t,
-        remote_addr: u64,
+        remote: &[(u64, usize)],
         remote_key: u64,
         imm: Option<u32>,
         context: *mut c_void,
         extra_flags: u64,
     ) -> isize {
-        let iov = libc::iovec {
-            iov_base: local.cast_mut().cast(),
-            iov_len: len,
+        let empty = libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
         };
-        let mut desc = desc;
-        let rma_iov = sys::fi_rma_iov {
-            addr: remote_addr,
-            len,
+        let mut iov = [empty; MAX_SEGMENTS];
+        let mut descs = [desc; MAX_SEGMENTS];
+        let mut rma_iov = [sys::fi_rma_iov {
+            addr: 0,
+            len: 0,
             key: remote_key,
-        };
+        }; MAX_SEGMENTS];
+        let (locals, remotes) = (
+            local.len().min(MAX_SEGMENTS),
+            remote.len().min(MAX_SEGMENTS),
+        );
+        for (slot, &(at, len)) in iov.iter_mut().zip(local) {
+            slot.iov_base = at as *mut c_void;
+            slot.iov_len = len;
+        }
+        for (slot, &(addr, len)) in rma_iov.iter_mut().zip(remote) {
+            slot.addr = addr;
+            slot.len = len;
+        }
         let msg = sys::fi_msg_rma {
-            msg_iov: &iov,
-            desc: &mut desc,
-            iov_count: 1,
+            msg_iov: iov.as_ptr(),
+            desc: descs.as_mut_ptr(),
+            iov_count: locals,
             addr: dest,
-            rma_iov: &rma_iov,
-            rma_iov_count: 1,
+            rma_iov: rma_iov.as_ptr(),
+            rma_iov_count: remotes,
             context,
             data: u64::from(imm.unwrap_or(0)),
         };
@@ -180,7 +197,7 @@ impl Endpoint {
             } else {
                 0
             };
-        // SAFETY: the endpoint is live; `msg` and the iovecs it points to
+        // SAFETY: the endpoint is live; `msg` and the arrays it points to
         // are valid for the call (providers copy them); buffers and context
         // are the caller's contract.
         unsafe {

@@ -28,8 +28,10 @@
 //! `fabric`/`endpoint`/`cq`/`av`/`mr` (one object each; verbs keeps its
 //! objects in `resources`), `address` (wire address; verbs: `handshake`),
 //! `context` (operation contexts), `ops` (calls in flight), `queue`
-//! (work waiting to be posted), `bounce` (registered send slots),
-//! `provider` (names).
+//! (work waiting to be posted), `gate` (immediates held until the writes
+//! before them were delivered, which makes tcp and shm domains in order),
+//! `posting` (consecutive writes merged into one multi-segment
+//! `fi_writemsg`), `bounce` (registered send slots), `provider` (names).
 
 mod address;
 mod av;
@@ -42,10 +44,12 @@ mod domain;
 mod doorbell;
 mod endpoint;
 mod fabric;
+mod gate;
 mod library;
 mod mr;
 mod ops;
 mod peer;
+mod posting;
 mod provider;
 mod queue;
 mod sys;

@@ -504,6 +504,7 @@ pub struct fi_ops_msg {
 }
 
 #[repr(C)]
+#[derive(Clone, Copy)]
 pub struct fi_rma_iov {
     pub addr: u64,
     pub len: usize,

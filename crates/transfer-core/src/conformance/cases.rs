@@ -52,6 +52,10 @@ pub static CASES: &[Case] = &[
         run: paged_write_multi_nic,
     },
     Case {
+        name: "paged_layer_imm_after_pages",
+        run: paged_layer_imm_after_pages,
+    },
+    Case {
         name: "scatter_group",
         run: scatter_group,
     },
@@ -284,6 +288,96 @@ fn paged_write_multi_nic(h: &dyn Harness) -> R {
     }
     paged_case(h, 3, 100)?;
     paged_case(h, 4, 3)
+}
+
+/// A layer's immediates never arrive before its pages: the KV-cache
+/// pattern (many pages per layer, several layers in flight, scattered
+/// destination pages), with the receiver checking every byte of a layer
+/// the moment its counter reaches the expected count, while later layers
+/// are still moving. Each round writes new bytes, so a page left from an
+/// earlier round does not pass.
+fn paged_layer_imm_after_pages(h: &dyn Harness) -> R {
+    let mut nics = vec![1];
+    if h.multi_nic() {
+        nics.push(2);
+    }
+    for nics in nics {
+        layers_case(h, nics).map_err(|e| format!("{nics} NICs: {e}"))?;
+    }
+    Ok(())
+}
+
+fn layers_case(h: &dyn Harness, nics: usize) -> R {
+    const LAYERS: usize = 6;
+    const PAGES: usize = 48;
+    const PAGE: usize = 16 * 1024;
+    const ROUNDS: u64 = 2;
+    let v = engines(h, 2, nics)?;
+    let (a, b) = (&v[0], &v[1]);
+    let src = a
+        .alloc_host(LAYERS * PAGES * PAGE, 0)
+        .map_err(ctx("alloc src"))?;
+    let dst = b
+        .alloc_host(LAYERS * PAGES * PAGE, 0)
+        .map_err(ctx("alloc dst"))?;
+    let t = target(a, b, &dst)?;
+    let n = b
+        .expected_imms(
+            a.address(),
+            0,
+            0,
+            WriteShape::PagedSized {
+                pages: PAGES,
+                page_len: PAGE as u64,
+            },
+        )
+        .map_err(ctx("expected_imms"))?;
+    // Destination page of (layer, page): a fixed scatter over the pool.
+    let slot = |l: usize, p: usize| ((l * PAGES + p) * 7919) % (LAYERS * PAGES);
+    for round in 0..ROUNDS {
+        let data = pattern(LAYERS * PAGES * PAGE, 1000 + round);
+        src.write_at(0, &data).map_err(ctx("write_at"))?;
+        let imm = |l: usize| 20_000 + (round as u32) * 100 + l as u32;
+        let mut pending = Vec::with_capacity(LAYERS);
+        for l in 0..LAYERS {
+            let req = PagedWriteRequest {
+                src: &src,
+                src_pages: Pages {
+                    indices: (0..PAGES).map(|p| (l * PAGES + p) as u32).collect(),
+                    stride: PAGE as u64,
+                    offset: 0,
+                },
+                dst: &t,
+                dst_pages: Pages {
+                    indices: (0..PAGES).map(|p| slot(l, p) as u32).collect(),
+                    stride: PAGE as u64,
+                    offset: 0,
+                },
+                page_len: PAGE as u64,
+                imm: Some(imm(l)),
+            };
+            pending.push(a.paged_write(req).map_err(ctx("submit"))?);
+        }
+        for l in 0..LAYERS {
+            b.wait_imm(imm(l), n, GUARD).map_err(ctx("wait_imm"))?;
+            for p in 0..PAGES {
+                let s = (l * PAGES + p) * PAGE;
+                let what = format!("round {round} layer {l} page {p} when its immediates arrived");
+                check_bytes(&dst, slot(l, p) * PAGE, &data[s..s + PAGE], &what)?;
+            }
+        }
+        for p in pending {
+            p.wait_timeout(GUARD).map_err(ctx("paged write"))?;
+        }
+        for l in 0..LAYERS {
+            ensure!(
+                b.imm_value(imm(l)) == 0,
+                "layer {l}: {} extra immediates",
+                b.imm_value(imm(l))
+            );
+        }
+    }
+    Ok(())
 }
 
 fn scatter_group(h: &dyn Harness) -> R {

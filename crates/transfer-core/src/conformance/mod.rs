@@ -77,7 +77,7 @@ macro_rules! conformance_tests {
     ($harness:expr) => {
         $crate::conformance_tests!(@cases $harness;
             write_single, write_with_imm, zero_byte_imm_write, write_sharded_multi_nic,
-            paged_write, paged_write_multi_nic, scatter_group, barrier_group,
+            paged_write, paged_write_multi_nic, paged_layer_imm_after_pages, scatter_group, barrier_group,
             send_recv_pool, imm_expect_before_and_after, many_threads,
             flag_and_future_notifications, refused_requests, unregister_rules,
             malformed_wire_input, drop_with_transfers_in_flight);

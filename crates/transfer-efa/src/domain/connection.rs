@@ -239,7 +239,7 @@ impl LibfabricDomain {
                     .queue
                     .iter()
                     .filter_map(|p| match p {
-                        Pending::Write { op, write, .. } if *op == id => Some(write.peer),
+                        Pending::Write { op, write, .. } if *op == id => Some(write.head.peer),
                         Pending::Send { op, peer, .. } if *op == id => Some(*peer),
                         _ => None,
                     })

@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 
 use transfer_core::{BackendKind, DomainEvent, OpToken, PeerId, Result, TransferError, WriteOp};
 
+use crate::posting::Posting;
+
 use super::{LibfabricDomain, Pending, PendingRecv};
 use crate::context::{SendPayload, SlotKind};
 use crate::cq::CqRead;
@@ -45,45 +47,46 @@ impl LibfabricDomain {
         }
     }
 
-    fn post_write(&mut self, op: u64, w: &WriteOp, retried: bool) -> Result<(), PostError> {
+    fn post_write(&mut self, op: u64, w: &Posting, retried: bool) -> Result<(), PostError> {
         const CALL: &str = "fi_writemsg";
-        let dest = self.peers.fi_addr(CALL, w.peer).map_err(PostError::Fail)?;
+        let h = &w.head;
+        let dest = self.peers.fi_addr(CALL, h.peer).map_err(PostError::Fail)?;
         let desc = self
-            .registration(CALL, w.local_mr)
+            .registration(CALL, h.local_mr)
             .map_err(PostError::Fail)?
             .desc();
         let ctx = self.slots.alloc(SlotKind::Write {
             op,
-            peer: w.peer,
+            peer: h.peer,
             write: *w,
             retried,
         });
-        let flags = if w.len == 0 { 0 } else { self.write_flags };
-        // SAFETY: the local span lies inside a live registration (checked at
-        // submit; the engine keeps it registered until Completed), `dest`
-        // comes from our AV, and `ctx` is a slot that lives until its
-        // completion is read or the endpoint is closed (a wedged shm
-        // endpoint's slots are abandoned, never reused).
+        let flags = if w.len() == 0 { 0 } else { self.write_flags };
+        // SAFETY: every local segment lies inside the live registration of
+        // `h.local_mr` (each write was checked at submit; the engine keeps
+        // it registered until Completed), `dest` comes from our AV, and
+        // `ctx` is a slot that lives until its completion is read or the
+        // endpoint is closed (a wedged shm endpoint's slots are abandoned,
+        // never reused).
         let ret = unsafe {
             self.tx_ep().write(
-                w.local,
-                w.len,
+                w.local(),
                 desc,
                 dest,
-                w.remote_addr,
-                w.remote_key.0,
-                w.imm,
+                w.remote(),
+                h.remote_key.0,
+                h.imm,
                 ctx,
                 flags,
             )
         };
         if ret == 0 {
-            self.count_posted(w.peer);
+            self.count_posted(h.peer);
             return Ok(());
         }
         self.slots.take(ctx);
         if ret == -(sys::FI_EAGAIN as isize) {
-            self.ring(w.peer);
+            self.ring(h.peer);
         }
         Err(self.post_error(CALL, ret))
     }
@@ -232,6 +235,22 @@ impl LibfabricDomain {
         })
     }
 
+    /// Write `write` of call `op` left for good (completed, failed, or
+    /// dropped with its call): the immediates its call held back until
+    /// then go to the head of their peers' queues, in submit order.
+    fn write_left(&mut self, op: u64, write: &Posting) {
+        if !self.ordered {
+            return;
+        }
+        for w in self.gates.settled(op, write).into_iter().rev() {
+            self.queue.push_front(Pending::Write {
+                op,
+                write: w,
+                retried: false,
+            });
+        }
+    }
+
     fn finish(&mut self, op: u64, result: Result<()>, was_posted: bool) {
         if let Some(ev) = self.ops.finish_one(op, result, was_posted, Instant::now()) {
             self.ready.push(ev);
@@ -244,10 +263,12 @@ impl LibfabricDomain {
         match pending {
             Pending::Write { op, write, retried } => {
                 if !self.ops.is_live(op) {
+                    self.write_left(op, &write);
                     return None;
                 }
                 if self.ops.has_failed(op) {
                     self.finish(op, Ok(()), false);
+                    self.write_left(op, &write);
                     return None;
                 }
                 match self.post_write(op, &write, retried) {
@@ -258,6 +279,7 @@ impl LibfabricDomain {
                     Err(PostError::Again) => Some(Pending::Write { op, write, retried }),
                     Err(PostError::Fail(e)) => {
                         self.finish(op, Err(e), false);
+                        self.write_left(op, &write);
                         None
                     }
                 }
@@ -360,10 +382,13 @@ impl LibfabricDomain {
                     self.ready.push(DomainEvent::Imm { imm: e.data as u32 });
                 }
             }
-            Some(SlotKind::Write { op, peer, .. }) => {
+            Some(SlotKind::Write {
+                op, peer, write, ..
+            }) => {
                 self.count_returned(peer);
                 self.peers.success(peer);
                 self.finish(op, Ok(()), true);
+                self.write_left(op, &write);
             }
             Some(SlotKind::Send { op, payload, peer }) => {
                 self.count_returned(peer);
@@ -411,7 +436,7 @@ impl LibfabricDomain {
                 // delivered twice.
                 if broken
                     && !retried
-                    && write.imm.is_none()
+                    && write.head.imm.is_none()
                     && !self.peers.is_dead(peer)
                     && self.ops.is_live(op)
                 {
@@ -429,6 +454,7 @@ impl LibfabricDomain {
                     ));
                 } else {
                     self.finish(op, Err(error("fi_writemsg")), true);
+                    self.write_left(op, &write);
                 }
             }
             Some(SlotKind::Send { op, peer, payload }) => {

@@ -39,10 +39,12 @@ use crate::devinfo::{self, OwnedInfo};
 use crate::doorbell::{Doorbell, PeerBell};
 use crate::endpoint::Endpoint;
 use crate::fabric::{Fabric, FiDomain};
+use crate::gate::Gates;
 use crate::library::Library;
 use crate::mr::MemoryRegistration;
 use crate::ops::Ops;
 use crate::peer::Peers;
+use crate::posting::{self, Limits, Posting};
 use crate::provider::Provider;
 use crate::queue::PeerQueues;
 use crate::sys;
@@ -53,8 +55,8 @@ pub(crate) enum Pending {
     Write {
         /// Internal op id.
         op: u64,
-        /// The write.
-        write: WriteOp,
+        /// The write (one or several merged).
+        write: Posting,
         /// Whether this is a retry after a broken connection.
         retried: bool,
     },
@@ -73,7 +75,7 @@ impl Pending {
     /// The peer this work goes to.
     pub(crate) fn peer(&self) -> transfer_core::PeerId {
         match self {
-            Pending::Write { write, .. } => write.peer,
+            Pending::Write { write, .. } => write.head.peer,
             Pending::Send { peer, .. } => *peer,
         }
     }
@@ -134,6 +136,15 @@ pub struct LibfabricDomain {
     pub(crate) address: NicAddress,
     pub(crate) max_write: u64,
     pub(crate) write_flags: u64,
+    /// Whether this domain reports [`Ordering::InOrder`]: it then holds
+    /// each write carrying an immediate until the writes of its call
+    /// without one have been delivered (see [`crate::gate`]).
+    pub(crate) ordered: bool,
+    /// The immediates held back (in-order domains only).
+    pub(crate) gates: Gates,
+    /// How far an in-order domain merges consecutive writes without
+    /// immediates into one multi-segment write ([`crate::posting`]).
+    pub(crate) merge: Limits,
     pub(crate) next_mr: u64,
     pub(crate) next_key: u64,
     /// Bits an application-chosen key may use (`mr_key_size`).
@@ -365,6 +376,11 @@ impl LibfabricDomain {
         } else {
             None
         };
+        let delivery_complete = config.delivery_complete.unwrap_or(true);
+        // In order by holding immediates back (crate::gate), which needs
+        // delivery completions to know that a write's bytes landed. EFA
+        // keeps its unordered semantics (an immediate on every write).
+        let ordered = delivery_complete && info.provider_name() != "efa";
         let now = Instant::now();
         // An unknown send queue depth (0) sets no limit.
         let peer_cap = match info.tx_size() {
@@ -381,10 +397,17 @@ impl LibfabricDomain {
             domain,
             fabric,
             max_write: info.max_msg_size(),
-            write_flags: if config.delivery_complete.unwrap_or(true) {
+            write_flags: if delivery_complete {
                 sys::FI_DELIVERY_COMPLETE
             } else {
                 0
+            },
+            ordered,
+            gates: Gates::default(),
+            merge: if ordered {
+                Limits::new(info.iov_limit(), info.rma_iov_limit(), info.max_msg_size())
+            } else {
+                Limits::SINGLE
             },
             shm_name,
             bell,
@@ -536,11 +559,17 @@ impl Domain for LibfabricDomain {
             provider: self.info.provider_name(),
             link_speed_bps: self.info.link_speed_bps(),
             numa_node: None,
-            // tcp, shm and udp deliver in order on one connection, but EFA
-            // (SRD) does not, and rxm may spread a peer over several
-            // connections after a reconnect; the engine is correct either
-            // way, so never promise order.
-            ordering: Ordering::Unordered,
+            // Not the provider's order: tcp, shm and udp deliver in order on
+            // one connection, but rxm may spread a peer over several after
+            // a reconnect, and EFA (SRD) never orders. In order here means
+            // this domain holds each immediate until the writes before it
+            // in its call were delivered (crate::gate), so the plan may put
+            // one immediate per share instead of one per write.
+            ordering: if self.ordered {
+                Ordering::InOrder
+            } else {
+                Ordering::Unordered
+            },
             max_write_size: self.max_write,
         }
     }
@@ -600,12 +629,12 @@ impl Domain for LibfabricDomain {
         let posted = self
             .slots
             .posted()
-            .filter(|k| matches!(k, SlotKind::Write { write, .. } if write.local_mr == mr))
+            .filter(|k| matches!(k, SlotKind::Write { write, .. } if write.head.local_mr == mr))
             .count();
         let queued = self
             .queue
             .iter()
-            .filter(|p| matches!(p, Pending::Write { write, .. } if write.local_mr == mr))
+            .filter(|p| matches!(p, Pending::Write { write, .. } if write.head.local_mr == mr))
             .count();
         if posted + queued > 0 {
             return Err(TransferError::RegionBusy {
@@ -700,12 +729,21 @@ impl Domain for LibfabricDomain {
         if let Some(e) = writes.iter().find_map(|w| self.check_write(w).err()) {
             return self.fail_now(op, e);
         }
-        let id = self.ops.start(op, writes.len(), Instant::now());
-        let mut iter = writes.iter();
+        // Unordered, every write carries its immediate and goes alone.
+        let postings = posting::merge(writes, self.merge);
+        let id = self.ops.start(op, postings.len(), Instant::now());
+        let now = if self.ordered {
+            let mut now = Vec::with_capacity(postings.len());
+            self.gates.admit(id, &postings, |p| now.push(*p));
+            now
+        } else {
+            postings
+        };
+        let mut iter = now.into_iter();
         if let Some(first) = iter.next() {
             let eager = Pending::Write {
                 op: id,
-                write: *first,
+                write: first,
                 retried: false,
             };
             self.post_or_queue(eager);
@@ -713,7 +751,7 @@ impl Domain for LibfabricDomain {
         for w in iter {
             self.queue.push_back(Pending::Write {
                 op: id,
-                write: *w,
+                write: w,
                 retried: false,
             });
         }
@@ -726,6 +764,8 @@ impl Domain for LibfabricDomain {
         self.read_cq();
         self.drain_queue(self.config.post_batch.max(1));
         self.check_timeouts();
+        let ops = &self.ops;
+        self.gates.retain_live(|op| ops.is_live(op));
         self.ring_sleeping_peers();
         events.append(&mut self.ready);
     }
