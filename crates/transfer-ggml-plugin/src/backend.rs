@@ -957,11 +957,15 @@ unsafe extern "C" fn buf_set_tensor(
                 // put one round trip per stage into every decode step
                 // (llama-bench tg over 4 servers, 5 ms each way: 16.9 t/s
                 // stock, 17.9 ours before this). SET_TENSOR has no answer,
-                // and the queue keeps it ordered with the rest.
+                // and the queue keeps it ordered with the rest. It reads
+                // no buffer: a boundary write need not wait for it.
                 let data = bytes.to_vec();
-                return ctx.conn.post(Box::new(move |c, _| {
-                    c.set_tensor(&rt, offset as u64, &data)
-                }));
+                return ctx
+                    .conn
+                    .post_no_read(Box::new(move |c, _| {
+                        c.set_tensor(&rt, offset as u64, &data)
+                    }))
+                    .map(drop);
             }
             ctx.conn.call("SET_TENSOR", |c| {
                 let mut cache = false;
@@ -1153,9 +1157,11 @@ unsafe extern "C" fn be_set_tensor_async(
             // The host may reuse `data` once this returns: copy it now.
             // SAFETY: ggml passes `size` readable bytes at `data`.
             let bytes = unsafe { std::slice::from_raw_parts(data.cast::<u8>(), size) }.to_vec();
-            ctx.conn.post(Box::new(move |c, _| {
-                c.set_tensor(&rt, offset as u64, &bytes)
-            }))
+            ctx.conn
+                .post_no_read(Box::new(move |c, _| {
+                    c.set_tensor(&rt, offset as u64, &bytes)
+                }))
+                .map(drop)
         })();
         if let Err(e) = res {
             log_err("set_tensor_async", &e);
@@ -1352,7 +1358,7 @@ impl Drop for SetOnDrop {
 fn post_barrier(dc: &Arc<Conn>) -> Result<Arc<Done>> {
     let barrier = Arc::new(Done::default());
     let b = SetOnDrop(barrier.clone());
-    dc.post(Box::new(move |c, dst_conn| {
+    dc.post_no_read(Box::new(move |c, dst_conn| {
         let _b = b;
         // A stream whose last command was answered needs no
         // barrier: everything before it already ran (the steady
@@ -1418,7 +1424,7 @@ fn engine_copy(
 ) -> Result<()> {
     let seq = lane.next_seq();
     let lane_src = lane.clone();
-    sc.post(Box::new(move |c, _| {
+    let write_at = sc.post_at(Box::new(move |c, _| {
         let w = transfer_rpc::client::EngineWrite {
             outbound: lane_src.outbound,
             src: &s,
@@ -1431,16 +1437,22 @@ fn engine_copy(
         check_posted(c)
     }))?;
     let wait_ms = u32::try_from(dc.timeout().as_millis()).unwrap_or(u32::MAX);
-    dc.post(Box::new(move |c, _| {
+    let wait_at = dc.post_no_read(Box::new(move |c, _| {
         c.post_engine_wait(lane.lane, seq, size, wait_ms)?;
         check_posted(c)
     }))?;
+    // The wait ends only once the write landed: when the destination is
+    // known past its wait (a later answer there, e.g. the logits' read),
+    // the source is known past its write, and so past its graph.
+    dc.note_wait(wait_at, sc, write_at);
     Ok(())
 }
 
-/// `cpy_tensor_async`, between two of our servers: the destination's
-/// stream first proves its earlier commands ran (PEER_BARRIER answered),
-/// the source's stream then sends COPY_TENSOR_TO after its graph (its
+/// `cpy_tensor_async`, between two of our servers: unless this process
+/// already knows that the destination ran every earlier command that may
+/// read its buffers ([`Conn::readers_done`]: the steady state of a decode,
+/// whose previous step's answers prove it), the destination's stream first
+/// proves it (PEER_BARRIER answered); the source's stream then sends COPY_TENSOR_TO after its graph (its
 /// server writes the boundary into the destination's buffer and answers
 /// once that write landed), and the destination's stream waits for that
 /// answer before its next command. No activation byte passes this process.
@@ -1492,8 +1504,16 @@ unsafe extern "C" fn be_cpy_tensor_async(
                 Some(offset) => crate::engine::lane_for(&sc, &dc, d.buffer, offset, size)?,
                 None => None,
             };
-            let barrier = post_barrier(&dc)?;
-            sc.wait_for(barrier)?;
+            // Write after read: the destination's earlier commands that
+            // may read its buffers (its last graph) must have run before
+            // the source writes into it. Mostly already known (a decode
+            // step's answers prove the previous step ran on every stage,
+            // see Conn::readers_done); else the destination's stream
+            // proves it (PEER_BARRIER) and the source's waits for that.
+            if !dc.readers_done() {
+                let barrier = post_barrier(&dc)?;
+                sc.wait_for(barrier)?;
+            }
             if let Some(lane) = lane {
                 return engine_copy(&sc, &dc, lane, s, size).map(|()| true);
             }

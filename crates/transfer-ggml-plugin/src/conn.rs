@@ -67,7 +67,8 @@ impl Done {
 }
 
 enum Job {
-    Run(Work),
+    /// A command, at its position on the stream ([`Conn::post_at`]).
+    Run(u64, Work),
     Signal(Arc<Done>),
     Wait(Arc<Done>),
 }
@@ -101,6 +102,14 @@ pub struct Conn {
     settled: std::sync::atomic::AtomicBool,
     /// `settled` as it was when the running command started.
     settled_before: std::sync::atomic::AtomicBool,
+    /// Position the next queued job gets (1, 2, ...).
+    next_pos: std::sync::atomic::AtomicU64,
+    /// Position of the last queued job that may read this server's
+    /// buffers (a graph, a copy's or write's source, a read): what a write
+    /// into one of its buffers by another server must come after.
+    last_reader: std::sync::atomic::AtomicU64,
+    /// What this process knows the server has executed.
+    known: Mutex<Known>,
     client: Mutex<Option<Client>>,
     queue: Mutex<Queue>,
     cv: Condvar,
@@ -149,6 +158,9 @@ impl Conn {
             engine_info: Mutex::new(None),
             settled: std::sync::atomic::AtomicBool::new(false),
             settled_before: std::sync::atomic::AtomicBool::new(false),
+            next_pos: std::sync::atomic::AtomicU64::new(1),
+            last_reader: std::sync::atomic::AtomicU64::new(0),
+            known: Mutex::new(Known::default()),
             client: Mutex::new(Some(client)),
             queue: Mutex::new(Queue {
                 jobs: VecDeque::new(),
@@ -273,17 +285,28 @@ impl Conn {
         Some(r)
     }
 
-    fn push(&self, job: Job) -> Result<()> {
+    /// Queues the job `make` builds from its position; `reads`: the job
+    /// may read the server's buffers (see `last_reader`).
+    fn push_with(&self, make: impl FnOnce(u64) -> Job, reads: bool) -> Result<u64> {
+        use std::sync::atomic::Ordering;
         let deadline = Instant::now() + self.timeout;
         let mut q = self.lock_queue();
+        let mut make = Some(make);
         loop {
             if let Some(r) = &q.failed {
                 return Err(self.failed_error(r));
             }
             if q.jobs.len() < QUEUE_CAP {
-                q.jobs.push_back(job);
+                // Under the queue lock: positions follow queue order.
+                let pos = self.next_pos.fetch_add(1, Ordering::AcqRel);
+                if reads {
+                    self.last_reader.store(pos, Ordering::Release);
+                }
+                if let Some(make) = make.take() {
+                    q.jobs.push_back(make(pos));
+                }
                 self.cv.notify_all();
-                return Ok(());
+                return Ok(pos);
             }
             let now = Instant::now();
             if now >= deadline {
@@ -302,9 +325,26 @@ impl Conn {
         }
     }
 
-    /// Queues `work` after everything queued before.
+    fn push(&self, job: Job) -> Result<()> {
+        self.push_with(|_| job, false).map(drop)
+    }
+
+    /// Queues `work` after everything queued before (a command that may
+    /// read the server's buffers).
     pub fn post(&self, work: Work) -> Result<()> {
-        self.push(Job::Run(work))
+        self.post_at(work).map(drop)
+    }
+
+    /// [`Conn::post`], answering the job's position on the stream.
+    pub fn post_at(&self, work: Work) -> Result<u64> {
+        self.push_with(|pos| Job::Run(pos, work), true)
+    }
+
+    /// Queues `work`, a command that reads none of the server's buffers
+    /// (a small input SET_TENSOR, PEER_BARRIER, ENGINE_WAIT): another
+    /// server's write into this one need not wait for it. Its position.
+    pub fn post_no_read(&self, work: Work) -> Result<u64> {
+        self.push_with(|pos| Job::Run(pos, work), false)
     }
 
     /// Queues a marker; the returned flag is set when the worker reaches it.
@@ -317,6 +357,60 @@ impl Conn {
     /// Makes the stream wait for `done` (set by another connection's worker).
     pub fn wait_for(&self, done: Arc<Done>) -> Result<()> {
         self.push(Job::Wait(done))
+    }
+
+    /// True when every job queued so far that may read this server's
+    /// buffers is known to have been executed by it: a write into them by
+    /// another server (a stage boundary) needs no barrier first. Known
+    /// from answers on this connection and, through [`Conn::note_wait`],
+    /// from answers on the connections that waited for its writes.
+    pub fn readers_done(&self) -> bool {
+        let last = self.last_reader.load(std::sync::atomic::Ordering::Acquire);
+        self.known.lock().unwrap_or_else(|p| p.into_inner()).done >= last
+    }
+
+    /// Records that the job at `pos` on this stream (an ENGINE_WAIT) ends
+    /// only after the job at `src_pos` on `src` (its ENGINE_WRITE) was
+    /// executed there: once this server is known past `pos`, `src` is
+    /// known past `src_pos`. At most [`KNOWN_WAITS`] are kept (the oldest
+    /// is forgotten: knowledge lost, never wrong).
+    pub fn note_wait(&self, pos: u64, src: &Arc<Conn>, src_pos: u64) {
+        let mut k = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        if k.waits.len() >= KNOWN_WAITS {
+            k.waits.pop_front();
+        }
+        k.waits.push_back((pos, Arc::downgrade(src), src_pos));
+    }
+
+    /// The server executed every job up to `pos`; so did the sources of
+    /// the waits among them, up to their writes (and so on).
+    fn advance(&self, pos: u64) {
+        let mut next = self.advance_one(pos);
+        // Each step only raises a `done` and removes the waits it passes:
+        // the walk ends (bounded by the waits recorded).
+        while let Some((conn, p)) = next.pop() {
+            if let Some(c) = conn.upgrade() {
+                next.extend(c.advance_one(p));
+            }
+        }
+    }
+
+    fn advance_one(&self, pos: u64) -> Vec<(std::sync::Weak<Conn>, u64)> {
+        let mut k = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        if pos <= k.done {
+            return Vec::new();
+        }
+        k.done = pos;
+        let mut passed = Vec::new();
+        k.waits.retain(|(at, src, src_pos)| {
+            if *at <= pos {
+                passed.push((src.clone(), *src_pos));
+                false
+            } else {
+                true
+            }
+        });
+        passed
     }
 
     /// Waits until every queued job ran; a timeout fails the connection.
@@ -353,6 +447,17 @@ impl Conn {
 
     /// Runs `f` on the connection now (the caller ordered it).
     pub fn run_now<R>(&self, f: impl FnOnce(&mut Client) -> transfer_rpc::Result<R>) -> Result<R> {
+        self.run_at(0, f)
+    }
+
+    /// [`Conn::run_now`] for the queued job at `pos` (0: not a queued job):
+    /// when it marks the stream settled and its posted answers check out,
+    /// the server is known to have executed every job up to `pos`.
+    fn run_at<R>(
+        &self,
+        pos: u64,
+        f: impl FnOnce(&mut Client) -> transfer_rpc::Result<R>,
+    ) -> Result<R> {
         let mut guard = self.client.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(r) = self.failure() {
             // `fail` could not close a connection another thread was using.
@@ -370,7 +475,12 @@ impl Conn {
         self.settled_before
             .store(before, std::sync::atomic::Ordering::Release);
         match f(client).and_then(|v| check_posted(client).map(|()| v)) {
-            Ok(v) => Ok(v),
+            Ok(v) => {
+                if pos > 0 && self.settled.load(std::sync::atomic::Ordering::Acquire) {
+                    self.advance(pos);
+                }
+                Ok(v)
+            }
             Err(source) => {
                 *guard = None;
                 drop(guard);
@@ -382,6 +492,20 @@ impl Conn {
             }
         }
     }
+}
+
+/// Waits a connection remembers for [`Conn::note_wait`] (a decode step
+/// adds one per boundary into it; answers clear them every step).
+const KNOWN_WAITS: usize = 256;
+
+/// What a connection knows its server executed.
+#[derive(Default)]
+struct Known {
+    /// Every job up to this position was executed by the server.
+    done: u64,
+    /// ENGINE_WAITs not yet known executed: (position here, the writing
+    /// connection, its ENGINE_WRITE's position there).
+    waits: VecDeque<(u64, std::sync::Weak<Conn>, u64)>,
 }
 
 /// Posted commands (ENGINE_WRITE / ENGINE_WAIT of the engine path) a
@@ -457,10 +581,10 @@ fn worker(conn: std::sync::Weak<Conn>) {
                     c.fail("waiting for another server's event timed out");
                 }
             }
-            Job::Run(work) => {
+            Job::Run(pos, work) => {
                 if c.failure().is_none() {
                     let cc = c.clone();
-                    let _ = c.run_now(move |client| work(client, &cc));
+                    let _ = c.run_at(pos, move |client| work(client, &cc));
                 }
             }
         }
@@ -469,7 +593,91 @@ fn worker(conn: std::sync::Weak<Conn>) {
 
 #[cfg(test)]
 mod tests {
-    use super::peer_endpoint_of;
+    use super::*;
+
+    /// A connection with no server and no worker: jobs only queue.
+    fn detached(endpoint: &str) -> Arc<Conn> {
+        Arc::new(Conn {
+            endpoint: endpoint.to_owned(),
+            peer_endpoint: endpoint.to_owned(),
+            timeout: Duration::from_secs(1),
+            copy_to: true,
+            peer_barrier: true,
+            p2p: true,
+            engine: false,
+            engine_info: Mutex::new(None),
+            settled: std::sync::atomic::AtomicBool::new(false),
+            settled_before: std::sync::atomic::AtomicBool::new(false),
+            next_pos: std::sync::atomic::AtomicU64::new(1),
+            last_reader: std::sync::atomic::AtomicU64::new(0),
+            known: Mutex::new(Known::default()),
+            client: Mutex::new(None),
+            queue: Mutex::new(Queue {
+                jobs: VecDeque::new(),
+                busy: false,
+                failed: None,
+            }),
+            cv: Condvar::new(),
+            worker: Mutex::new(None),
+        })
+    }
+
+    fn job() -> Work {
+        Box::new(|_, _| Ok(()))
+    }
+
+    /// A decode step over three stages: an answer on the last one proves,
+    /// through the ENGINE_WAITs before it, that the earlier stages ran
+    /// their graphs and writes; inputs set after do not undo that; a new
+    /// graph does.
+    #[test]
+    fn answers_prove_earlier_stages_ran() {
+        let (a, b, c) = (detached("a"), detached("b"), detached("c"));
+        // Nothing queued that reads: a write may land at once.
+        assert!(b.readers_done());
+        let _ = a.post_at(job()).unwrap(); // a's graph
+        let wa = a.post_at(job()).unwrap(); // a's ENGINE_WRITE to b
+        let wb_wait = b.post_no_read(job()).unwrap(); // b's ENGINE_WAIT
+        b.note_wait(wb_wait, &a, wa);
+        let _ = b.post_at(job()).unwrap(); // b's graph
+        let wb = b.post_at(job()).unwrap(); // b's ENGINE_WRITE to c
+        let wc_wait = c.post_no_read(job()).unwrap();
+        c.note_wait(wc_wait, &b, wb);
+        let _ = c.post_at(job()).unwrap(); // c's graph
+        let logits = c.post_at(job()).unwrap(); // c's GET_TENSOR
+        assert!(!a.readers_done() && !b.readers_done() && !c.readers_done());
+        // An answer before the wait proves nothing about the sources.
+        c.advance(wc_wait - 1);
+        assert!(!a.readers_done() && !b.readers_done());
+        c.advance(logits);
+        assert!(a.readers_done() && b.readers_done() && c.readers_done());
+        // Small inputs of the next step read nothing.
+        let _ = b.post_no_read(job()).unwrap();
+        assert!(b.readers_done());
+        // A new graph does.
+        let _ = b.post_at(job()).unwrap();
+        assert!(!b.readers_done());
+        assert!(a.readers_done());
+    }
+
+    /// A wait whose source connection is gone is skipped, and the bound
+    /// on remembered waits forgets the oldest (knowledge lost, never wrong).
+    #[test]
+    fn forgotten_waits_prove_nothing() {
+        let (a, b) = (detached("a"), detached("b"));
+        let wa = a.post_at(job()).unwrap();
+        let first = b.post_no_read(job()).unwrap();
+        b.note_wait(first, &a, wa);
+        for _ in 0..KNOWN_WAITS {
+            let p = b.post_no_read(job()).unwrap();
+            let gone = detached("gone");
+            b.note_wait(p, &gone, 1);
+        }
+        let last = b.post_at(job()).unwrap();
+        b.advance(last);
+        assert!(b.readers_done());
+        assert!(!a.readers_done(), "the forgotten wait proved a's write");
+    }
 
     #[test]
     fn peer_map() {

@@ -72,6 +72,9 @@ struct Traffic {
     gets: Vec<usize>,
     /// SET_TENSOR sent by another server (a peer session: no DEVICE_COUNT).
     peer_sets: Vec<usize>,
+    /// PEER_BARRIER sent by the client (its session asked DEVICE_COUNT):
+    /// the round trips a boundary waited for before its source wrote.
+    client_barriers: Vec<usize>,
 }
 
 /// [`traffic_now`] once the servers' logs are quiet (their last lines
@@ -89,6 +92,7 @@ fn traffic_now(servers: &[Server]) -> Traffic {
         copy_to: vec![],
         gets: vec![],
         peer_sets: vec![],
+        client_barriers: vec![],
     };
     for s in servers {
         let c = counts(s);
@@ -102,6 +106,12 @@ fn traffic_now(servers: &[Server]) -> Traffic {
             c.values()
                 .filter(|m| !m.contains_key("DEVICE_COUNT"))
                 .map(|m| m.get("SET_TENSOR").copied().unwrap_or(0))
+                .sum(),
+        );
+        t.client_barriers.push(
+            c.values()
+                .filter(|m| m.contains_key("DEVICE_COUNT"))
+                .map(|m| m.get("PEER_BARRIER").copied().unwrap_or(0))
                 .sum(),
         );
     }
@@ -209,6 +219,19 @@ fn check_direct(t: &Traffic) {
         );
     }
     assert_eq!(t.copy_to[n - 1], 0);
+    assert_no_client_barrier(t);
+}
+
+/// No boundary waited for a PEER_BARRIER round trip to the client: each
+/// step's answers (the logits' read on the last server, through the
+/// waits and copies before it) already prove the previous step ran on
+/// every stage.
+fn assert_no_client_barrier(t: &Traffic) {
+    assert_eq!(
+        t.client_barriers,
+        vec![0; t.graphs.len()],
+        "client PEER_BARRIER per server"
+    );
 }
 
 /// The hub run (TRANSFER_RPC_P2P=0): every boundary is a GET_TENSOR from
@@ -261,8 +284,9 @@ fn completion_case(n_servers: usize) {
         assert_same_text(&got, &cpu);
         let t = traffic(&servers);
         eprintln!(
-            "p2p={p2p}: graphs {:?} COPY_TENSOR_TO {:?} GET_TENSOR {:?} peer SET_TENSOR {:?}",
-            t.graphs, t.copy_to, t.gets, t.peer_sets
+            "p2p={p2p}: graphs {:?} COPY_TENSOR_TO {:?} GET_TENSOR {:?} peer SET_TENSOR {:?} \
+             client PEER_BARRIER {:?}",
+            t.graphs, t.copy_to, t.gets, t.peer_sets, t.client_barriers
         );
         check(&t);
     }
@@ -741,8 +765,14 @@ fn engine_case(n: usize) {
         let t = traffic(&servers);
         eprintln!(
             "engine={engine}: graphs {:?} ENGINE_WRITE {:?} ENGINE_WAIT {:?} COPY_TENSOR_TO {:?} \
-             GET_TENSOR {:?} peer SET_TENSOR {:?}",
-            t.graphs, t.engine_writes, t.engine_waits, t.copy_to, t.gets, t.peer_sets
+             GET_TENSOR {:?} peer SET_TENSOR {:?} client PEER_BARRIER {:?}",
+            t.graphs,
+            t.engine_writes,
+            t.engine_waits,
+            t.copy_to,
+            t.gets,
+            t.peer_sets,
+            t.client_barriers
         );
         let steps = t.graphs[0];
         assert!(steps >= 2, "{:?}", t.graphs);
@@ -762,6 +792,7 @@ fn engine_case(n: usize) {
         for i in 0..n - 1 {
             assert_eq!(t.gets[i], 0, "activation GET_TENSOR {:?}", t.gets);
         }
+        assert_no_client_barrier(&t);
         if engine == "1" {
             assert_eq!(t.engine_writes, per(true, false), "ENGINE_WRITE per server");
             assert_eq!(t.engine_waits, per(false, true), "ENGINE_WAIT per server");
