@@ -343,6 +343,22 @@ pub fn mpi_baseline_args(a: &BenchArgs, workload: &str) -> Option<Vec<String>> {
     Some(v)
 }
 
+/// The `bench --mpi` options of the Open MPI baseline across namespace
+/// hosts: as [`mpi_baseline_args`], over tcp (the only transport that
+/// crosses namespaces); none for another provider or with `--no-mpi`.
+pub fn mpi_netns_args(a: &BenchArgs, workload: &str) -> Option<Vec<String>> {
+    let v = mpi_baseline_args(a, workload)?;
+    let i = v.iter().position(|p| p == "--transport")?;
+    match v.get(i + 1).map(String::as_str) {
+        Some("tcp") | Some("all") => {
+            let mut v = v;
+            v[i + 1] = "tcp".into();
+            Some(v)
+        }
+        _ => None,
+    }
+}
+
 /// The netns form: the coordinator runs in host 0's namespace and starts
 /// each rank in a namespace host (round-robin), over tcp on the bridge.
 pub fn workload_netns_run(bin: &str, a: &BenchArgs, n: usize, workload: &str) -> Vec<String> {
@@ -368,7 +384,7 @@ pub fn workload_netns_run(bin: &str, a: &BenchArgs, n: usize, workload: &str) ->
     if !a.passthrough.iter().any(|p| p == "--provider") {
         v.extend(["--provider".into(), "tcp".into()]);
     }
-    v.extend(a.passthrough.iter().cloned());
+    v.extend(a.passthrough.iter().filter(|p| *p != "--no-mpi").cloned());
     v
 }
 
@@ -405,10 +421,18 @@ fn workloads(a: &BenchArgs, workload: &str) -> Result<(), String> {
         }
         let cmd = workload_netns_run(&bin_s, a, n, workload);
         let (prog, args) = cmd.split_first().ok_or("empty command")?;
-        let result = step::run(
+        let mut result = step::run(
             &format!("workloads across {n} namespace hosts"),
             Command::new(prog).args(args),
         );
+        // Open MPI over the same namespace hosts and shaped links, before
+        // they go: the same workload, size, one rank per host (tcp only:
+        // no other transport crosses namespaces).
+        if let (Ok(()), Some(mpi_args)) = (&result, mpi_netns_args(a, workload)) {
+            let hosts: Vec<(String, String)> = (0..n).map(|i| (ns(i), host_ip(i))).collect();
+            result =
+                crate::bench_mpi::run_netns(&mpi_args, &hosts, lab::SUBNET, a.link_rate.as_deref());
+        }
         drop(lab);
         result?;
     } else {
@@ -485,6 +509,35 @@ mod tests {
 
     fn s(v: &[&str]) -> Vec<String> {
         v.iter().map(|x| x.to_string()).collect()
+    }
+
+    #[test]
+    fn open_mpi_runs_across_namespaces_over_tcp_only() {
+        let a = parse(&s(&["--workload", "kv", "--netns", "2"])).unwrap();
+        let v = mpi_netns_args(&a, "kv").unwrap();
+        assert!(v.windows(2).any(|w| w == ["--transport", "tcp"]), "{v:?}");
+        let a = parse(&s(&[
+            "--workload",
+            "kv",
+            "--netns",
+            "2",
+            "--provider",
+            "tcp",
+        ]))
+        .unwrap();
+        assert!(mpi_netns_args(&a, "kv").is_some());
+        let a = parse(&s(&[
+            "--workload",
+            "kv",
+            "--netns",
+            "2",
+            "--provider",
+            "shm",
+        ]))
+        .unwrap();
+        assert_eq!(mpi_netns_args(&a, "kv"), None);
+        let a = parse(&s(&["--workload", "kv", "--netns", "2", "--no-mpi"])).unwrap();
+        assert_eq!(mpi_netns_args(&a, "kv"), None);
     }
 
     #[test]

@@ -402,6 +402,187 @@ pub fn run(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
+/// The namespace hosts of a `--netns` run: (namespace, address) of each.
+pub type NetnsHosts = [(String, String)];
+
+/// The rsh agent mpirun starts its daemons with on namespace hosts: Open
+/// MPI's rsh launcher runs `<agent> <host> orted ...` for every host but
+/// its own; here `<host>` is a host's address and the agent runs the
+/// command in that host's namespace (`ip netns exec`), as ssh would on a
+/// real host. mpirun itself runs in the first host's namespace, so its own
+/// address is local to it and its rank starts without the agent.
+pub fn netns_agent_script(hosts: &NetnsHosts) -> String {
+    let mut s = String::from(
+        "#!/bin/sh\n# Written by cargo xtask bench (bench_mpi.rs): Open MPI's rsh agent \
+         for namespace hosts.\nhost=$1\nshift\ncase \"$host\" in\n",
+    );
+    for (ns, ip) in hosts {
+        s.push_str(&format!("  {ip}) ns={ns} ;;\n"));
+    }
+    s.push_str(
+        "  *) echo \"netns agent: unknown host $host\" >&2; exit 1 ;;\nesac\n\
+         exec ip netns exec \"$ns\" sh -c \"$*\"\n",
+    );
+    s
+}
+
+/// One slot per namespace host: rank i runs on host i, as ours does.
+pub fn netns_hostfile(hosts: &NetnsHosts) -> String {
+    hosts
+        .iter()
+        .map(|(_, ip)| format!("{ip} slots=1\n"))
+        .collect()
+}
+
+/// The transport label of the netns rows (ours writes `netns-<provider>`).
+pub const NETNS_LABEL: &str = "netns-tcp";
+
+/// One run across namespace hosts: mpirun in the first host's namespace,
+/// its tcp BTL and out-of-band channel restricted to the hosts' subnet
+/// (the veth links, shaped like ours), one rank per host.
+#[allow(clippy::too_many_arguments)]
+pub fn netns_command(
+    bin: &Path,
+    w: Workload,
+    size: Size,
+    hosts: &NetnsHosts,
+    subnet: &str,
+    files: (&Path, &Path),
+    out: &Path,
+    config: &str,
+    repeats: Option<u32>,
+    root: bool,
+) -> Vec<String> {
+    let (agent, hostfile) = files;
+    let (ranks, args) = workload_args(w, size);
+    let first = hosts.first().map_or("", |(ns, _)| ns.as_str());
+    let mut v: Vec<String> = ["ip", "netns", "exec", first, "mpirun"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    if root {
+        v.push("--allow-run-as-root".into());
+    }
+    v.extend([
+        "--timeout".into(),
+        time_limit(size).to_string(),
+        "--hostfile".into(),
+        hostfile.display().to_string(),
+        "-np".into(),
+        ranks.to_string(),
+        // Each namespace host looks like a node of its own to mpirun, which
+        // would pin every rank to its node's first core: all on core 0.
+        "--bind-to".into(),
+        "none".into(),
+        "--mca".into(),
+        "plm_rsh_agent".into(),
+        agent.display().to_string(),
+        // The agent starts every daemon from mpirun's namespace.
+        "--mca".into(),
+        "plm_rsh_no_tree_spawn".into(),
+        "1".into(),
+    ]);
+    for (k, val) in [
+        ("pml", "ob1"),
+        ("btl", "tcp,self"),
+        ("osc", "pt2pt"),
+        ("btl_tcp_if_include", subnet),
+        ("oob_tcp_if_include", subnet),
+    ] {
+        v.extend(["--mca".into(), k.into(), val.into()]);
+    }
+    v.push(bin.display().to_string());
+    v.push(w.name().into());
+    v.extend(args);
+    let repeats = repeats.unwrap_or(if size == Size::Smoke { 2 } else { 5 });
+    v.extend([
+        "--repeats".into(),
+        repeats.to_string(),
+        "--transport".into(),
+        NETNS_LABEL.into(),
+        "--config".into(),
+        config.into(),
+    ]);
+    if w != Workload::Moe {
+        v.extend(["--note".into(), TCP.rma_note.into()]);
+    }
+    v.extend(["--out".into(), out.display().to_string()]);
+    v
+}
+
+/// `bench --mpi` options (as [`parse`] takes them) run across the namespace
+/// hosts `hosts` that `cargo xtask bench --workload W --netns N` made
+/// (they must exist): the openmpi rows of the report's netns-tcp table.
+pub fn run_netns(
+    args: &[String],
+    hosts: &NetnsHosts,
+    subnet: &str,
+    link_rate: Option<&str>,
+) -> Result<(), String> {
+    let a = parse(args)?;
+    deps::ensure(&deps::OPENMPI)?;
+    let bin = build()?;
+    let root = workspace_root();
+    // Relative to where ours wrote its records (the current directory).
+    let out_dir = std::env::current_dir()
+        .map_err(|e| format!("current directory: {e}"))?
+        .join(&a.out_dir);
+    std::fs::create_dir_all(&out_dir).map_err(|e| format!("{}: {e}", out_dir.display()))?;
+    let dir = target_dir().join("mpi/netns");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let agent = dir.join("agent.sh");
+    let hostfile = dir.join("hostfile");
+    std::fs::write(&agent, netns_agent_script(hosts))
+        .map_err(|e| format!("write {}: {e}", agent.display()))?;
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755))
+            .map_err(|e| format!("chmod {}: {e}", agent.display()))?;
+    }
+    std::fs::write(&hostfile, netns_hostfile(hosts))
+        .map_err(|e| format!("write {}: {e}", hostfile.display()))?;
+    let version = version();
+    for w in &a.workloads {
+        let (ranks, _) = workload_args(*w, a.size);
+        if ranks > hosts.len() {
+            return Err(format!(
+                "openmpi {} across namespaces: {ranks} ranks need {ranks} hosts, have {}",
+                w.name(),
+                hosts.len()
+            ));
+        }
+        let config = format!(
+            "Open MPI {version}: pml ob1, btl tcp,self on the namespace links \
+             (btl_tcp_if_include {subnet}), osc pt2pt, busy polling, no progress thread; \
+             {ranks} ranks on {ranks} namespace hosts{}; mpirun in {} starts each host's \
+             daemon through an `ip netns exec` rsh agent",
+            link_rate
+                .map(|r| format!(", links shaped to {r}"))
+                .unwrap_or_default(),
+            hosts.first().map_or("", |(ns, _)| ns.as_str()),
+        );
+        let out = out_dir.join(format!("openmpi-{}-{NETNS_LABEL}.jsonl", w.name()));
+        let argv = netns_command(
+            &bin,
+            *w,
+            a.size,
+            hosts,
+            subnet,
+            (&agent, &hostfile),
+            &out,
+            &config,
+            a.repeats,
+            deps::is_root(),
+        );
+        run_one(
+            &format!("openmpi {} across {ranks} namespace hosts", w.name()),
+            &argv,
+            &root,
+        )?;
+    }
+    Ok(())
+}
+
 /// Whether `path` holds at least one verified record of the run.
 fn has_verified_record(path: &Path) -> bool {
     std::fs::read_to_string(path).is_ok_and(|s| {
@@ -414,7 +595,7 @@ fn has_verified_record(path: &Path) -> bool {
 /// workload at a tiny size under
 /// mpirun over tcp and shm, then our
 /// own `transfer-bench launch` (`bench`, already built) as an mpirun job of
-/// two ranks. Skipped, with the reason, where Open MPI cannot be installed.
+/// two ranks, and kv through `transfer-bench workloads launch` the same way. Skipped, with the reason, where Open MPI cannot be installed.
 pub fn smoke(bench: &Path) -> Result<(), String> {
     let start = Instant::now();
     if let Err(e) = deps::ensure(&deps::OPENMPI) {
@@ -478,6 +659,26 @@ pub fn smoke(bench: &Path) -> Result<(), String> {
             launch_out.display()
         ));
     }
+    let wl_out = dir.join("workloads-launch");
+    let argv = workloads_launch_command(&bench, &wl_out, deps::is_root());
+    let wl_start = Instant::now();
+    run_one(
+        "transfer-bench workloads launch (kv) under mpirun -np 2",
+        &argv,
+        &root,
+    )?;
+    let kv = wl_out.join("ours-kv-tcp.jsonl");
+    let text = std::fs::read_to_string(&kv).map_err(|e| {
+        format!(
+            "workloads launch under mpirun wrote no kv records ({}): {e}",
+            kv.display()
+        )
+    })?;
+    check_launched_kv(&text).map_err(|e| format!("{}: {e}", kv.display()))?;
+    eprintln!(
+        "==> workloads launch (kv) under mpirun -np 2: verified records of both ranks ({:.1} s)",
+        wl_start.elapsed().as_secs_f64()
+    );
     eprintln!(
         "==> the Open MPI smoke pass: ok ({:.1} s)",
         start.elapsed().as_secs_f64()
@@ -589,6 +790,85 @@ pub fn launch_command(bench: &Path, out: &Path, root: bool) -> Vec<String> {
     v
 }
 
+/// kv as a two-rank mpirun job of our `transfer-bench workloads launch`
+/// (smoke size, tcp): rank 0 coordinates and runs prefill, rank 1 decode,
+/// each found through OMPI_COMM_WORLD_* (one host: the rendezvous is
+/// 127.0.0.1 on a port derived from the job id). The smoke size, not the
+/// quick one: measured here (debug build, load ~12 on 2 cores) 2.6 s
+/// against 12.5 s for `--quick --repeats 1`, whose memcpy bound and byte
+/// checks of 16 MiB per iteration dominate. The bytes are checked either way.
+pub fn workloads_launch_command(bench: &Path, out_dir: &Path, root: bool) -> Vec<String> {
+    let mut v: Vec<String> = vec!["mpirun".into()];
+    if root {
+        v.push("--allow-run-as-root".into());
+    }
+    v.extend(
+        [
+            "--oversubscribe",
+            // As for `launch`: pinned, the engine's progress and its caller
+            // share one core.
+            "--bind-to",
+            "none",
+            "--timeout",
+            "120",
+            "-np",
+            "2",
+            "--mca",
+            "oob_tcp_if_include",
+            "lo",
+        ]
+        .iter()
+        .map(|s| s.to_string()),
+    );
+    v.push(bench.display().to_string());
+    v.extend(
+        [
+            "workloads",
+            "launch",
+            "--workload",
+            "kv",
+            "--smoke",
+            "--provider",
+            "tcp",
+            "--rendezvous-timeout",
+            "60",
+            "--out-dir",
+        ]
+        .iter()
+        .map(|s| s.to_string()),
+    );
+    v.push(out_dir.display().to_string());
+    v
+}
+
+/// Checks the kv records of a launched two-rank job: both metrics there,
+/// every record verified (the decode rank checked every page's bytes), and
+/// the configuration names the Open MPI launch with both ranks (so the
+/// job really was mpirun's, not a lone rank).
+pub fn check_launched_kv(text: &str) -> Result<(), String> {
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    if lines.is_empty() {
+        return Err("no records".into());
+    }
+    for m in ["ttll_us", "kv_gbps"] {
+        if !lines
+            .iter()
+            .any(|l| l.contains(&format!("\"metric\":\"{m}\"")))
+        {
+            return Err(format!("no {m} record"));
+        }
+    }
+    for l in &lines {
+        if !l.contains("\"engine\":\"ours\"") || !l.contains("\"verified\":true") {
+            return Err(format!("a record of ours not verified: {l}"));
+        }
+        if !l.contains("launched job (openmpi), 2 ranks") {
+            return Err(format!("a record not from a two-rank Open MPI job: {l}"));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -698,5 +978,79 @@ mod tests {
             "{c}"
         );
         assert!(c.ends_with("--out /o"), "{c}");
+        let w = workloads_launch_command(Path::new("/t/tb"), Path::new("/o"), true).join(" ");
+        assert!(
+            w.starts_with("mpirun --allow-run-as-root --oversubscribe --bind-to none"),
+            "{w}"
+        );
+        assert!(w.contains("-np 2 "), "{w}");
+        assert!(
+            w.contains("/t/tb workloads launch --workload kv --smoke --provider tcp"),
+            "{w}"
+        );
+        assert!(w.ends_with("--out-dir /o"), "{w}");
+    }
+
+    #[test]
+    fn netns_runs_place_one_rank_per_namespace_host() {
+        let hosts = vec![
+            ("xtb-h0".to_string(), "10.77.0.1".to_string()),
+            ("xtb-h1".to_string(), "10.77.0.2".to_string()),
+        ];
+        let agent = netns_agent_script(&hosts);
+        assert!(agent.contains("  10.77.0.2) ns=xtb-h1 ;;"), "{agent}");
+        assert!(agent.contains("exec ip netns exec \"$ns\""), "{agent}");
+        assert_eq!(
+            netns_hostfile(&hosts),
+            "10.77.0.1 slots=1\n10.77.0.2 slots=1\n"
+        );
+        let c = netns_command(
+            Path::new("/b/prog"),
+            Workload::Kv,
+            Size::Quick,
+            &hosts,
+            "10.77.0.0/24",
+            (Path::new("/a.sh"), Path::new("/hf")),
+            Path::new("/o/openmpi-kv-netns-tcp.jsonl"),
+            "cfg",
+            None,
+            true,
+        )
+        .join(" ");
+        assert!(
+            c.starts_with("ip netns exec xtb-h0 mpirun --allow-run-as-root"),
+            "{c}"
+        );
+        assert!(c.contains("--hostfile /hf -np 2 --bind-to none"), "{c}");
+        assert!(c.contains("--mca plm_rsh_agent /a.sh"), "{c}");
+        assert!(c.contains("--mca btl tcp,self"), "{c}");
+        assert!(c.contains("--mca btl_tcp_if_include 10.77.0.0/24"), "{c}");
+        assert!(c.contains("--mca oob_tcp_if_include 10.77.0.0/24"), "{c}");
+        assert!(
+            c.contains("/b/prog kv --layers 8 --requests 2 --repeats 5 --transport netns-tcp"),
+            "{c}"
+        );
+        assert!(c.contains("--note MPI_Put over tcp is emulated"), "{c}");
+        assert!(c.ends_with("--out /o/openmpi-kv-netns-tcp.jsonl"), "{c}");
+    }
+
+    #[test]
+    fn launched_kv_records_must_be_verified_and_from_both_ranks() {
+        let rec = |m: &str, verified: bool, config: &str| {
+            format!(
+                "{{\"workload\":\"kv\",\"engine\":\"ours\",\"config\":\"{config}\",\
+                 \"metric\":\"{m}\",\"verified\":{verified}}}\n"
+            )
+        };
+        let good = "ours: tcp; launched job (openmpi), 2 ranks";
+        let ok = rec("ttll_us", true, good) + &rec("kv_gbps", true, good);
+        assert_eq!(check_launched_kv(&ok), Ok(()));
+        assert!(check_launched_kv("").is_err());
+        assert!(check_launched_kv(&rec("ttll_us", true, good)).is_err());
+        let unverified = rec("ttll_us", true, good) + &rec("kv_gbps", false, good);
+        assert!(check_launched_kv(&unverified).is_err());
+        let torchrun = "ours: tcp; launched job (torchrun), 2 ranks";
+        let other = rec("ttll_us", true, good) + &rec("kv_gbps", true, torchrun);
+        assert!(check_launched_kv(&other).is_err());
     }
 }

@@ -13,6 +13,9 @@ pub fn host_ip(i: usize) -> String {
     format!("10.77.0.{}", i + 1)
 }
 
+/// The subnet of every host address (`host_ip`).
+pub const SUBNET: &str = "10.77.0.0/24";
+
 /// The namespace of host `i`.
 pub fn ns(i: usize) -> String {
     format!("{NS_PREFIX}-h{i}")
