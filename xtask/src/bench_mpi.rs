@@ -528,19 +528,7 @@ pub fn run_netns(
         .map_err(|e| format!("current directory: {e}"))?
         .join(&a.out_dir);
     std::fs::create_dir_all(&out_dir).map_err(|e| format!("{}: {e}", out_dir.display()))?;
-    let dir = target_dir().join("mpi/netns");
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let agent = dir.join("agent.sh");
-    let hostfile = dir.join("hostfile");
-    std::fs::write(&agent, netns_agent_script(hosts))
-        .map_err(|e| format!("write {}: {e}", agent.display()))?;
-    {
-        use std::os::unix::fs::PermissionsExt as _;
-        std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755))
-            .map_err(|e| format!("chmod {}: {e}", agent.display()))?;
-    }
-    std::fs::write(&hostfile, netns_hostfile(hosts))
-        .map_err(|e| format!("write {}: {e}", hostfile.display()))?;
+    let (agent, hostfile) = write_netns_files(&target_dir().join("mpi/netns"), hosts)?;
     let version = version();
     for w in &a.workloads {
         let (ranks, _) = workload_args(*w, a.size);
@@ -581,6 +569,110 @@ pub fn run_netns(
         )?;
     }
     Ok(())
+}
+
+/// Prefix of the smoke pass's namespaces: its own, so that neither it nor
+/// a `cargo xtask bench --netns` run (which clears every `xtb-*`) removes
+/// the other's.
+const SMOKE_NS: &str = "xtm";
+
+/// The smoke pass's two namespace hosts, joined by one veth pair.
+pub fn smoke_lab() -> (Vec<Vec<String>>, Vec<(String, String)>) {
+    let h = |i: usize| format!("{SMOKE_NS}-h{i}");
+    let ip = |i: usize| format!("10.79.0.{}", i + 1);
+    let mut cmds: Vec<String> = Vec::new();
+    for i in 0..2 {
+        cmds.push(format!("ip netns add {}", h(i)));
+        cmds.push(format!("ip -n {} link set lo up", h(i)));
+    }
+    cmds.push(format!(
+        "ip link add eth0 netns {} type veth peer name eth1 netns {}",
+        h(0),
+        h(1)
+    ));
+    for i in 0..2 {
+        cmds.push(format!("ip -n {} addr add {}/24 dev eth{i}", h(i), ip(i)));
+        cmds.push(format!("ip -n {} link set eth{i} up", h(i)));
+    }
+    let cmds = cmds.iter().map(|l| crate::netns::words(l)).collect();
+    (cmds, (0..2).map(|i| (h(i), ip(i))).collect())
+}
+
+/// Deletes the smoke pass's namespaces when dropped (any exit path).
+struct SmokeLab(Vec<String>);
+
+impl Drop for SmokeLab {
+    fn drop(&mut self) {
+        for n in &self.0 {
+            let _ = Command::new("ip").args(["netns", "del", n]).status();
+        }
+    }
+}
+
+/// kv of the Open MPI program across two namespace hosts, launched the way
+/// `bench --workload --netns` launches it (the rsh agent, btl tcp on the
+/// veth subnet): records verified.
+fn netns_smoke(bin: &Path, dir: &Path, version: &str) -> Result<(), String> {
+    let start = Instant::now();
+    let (setup, hosts) = smoke_lab();
+    for (ns, _) in &hosts {
+        // Left over by a killed run.
+        let _ = Command::new("ip")
+            .args(["netns", "del", ns])
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+    let _lab = SmokeLab(hosts.iter().map(|(ns, _)| ns.clone()).collect());
+    for cmd in &setup {
+        crate::netns::run_cmd(cmd)?;
+    }
+    let (agent, hostfile) = write_netns_files(&dir.join("netns"), &hosts)?;
+    let out = dir.join(format!("openmpi-kv-{NETNS_LABEL}.jsonl"));
+    let argv = netns_command(
+        bin,
+        Workload::Kv,
+        Size::Smoke,
+        &hosts,
+        "10.79.0.0/24",
+        (&agent, &hostfile),
+        &out,
+        &format!("Open MPI {version}: smoke across two namespaces"),
+        None,
+        true,
+    );
+    run_one(
+        "openmpi smoke: kv across two network namespaces",
+        &argv,
+        &workspace_root(),
+    )?;
+    if !has_verified_record(&out) {
+        return Err(format!(
+            "openmpi smoke: {} wrote no verified record",
+            out.display()
+        ));
+    }
+    eprintln!(
+        "==> openmpi kv across two network namespaces: verified ({:.1} s with the namespaces)",
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Writes the rsh agent and the hostfile of `hosts` into `dir`.
+fn write_netns_files(dir: &Path, hosts: &NetnsHosts) -> Result<(PathBuf, PathBuf), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let agent = dir.join("agent.sh");
+    let hostfile = dir.join("hostfile");
+    std::fs::write(&agent, netns_agent_script(hosts))
+        .map_err(|e| format!("write {}: {e}", agent.display()))?;
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755))
+            .map_err(|e| format!("chmod {}: {e}", agent.display()))?;
+    }
+    std::fs::write(&hostfile, netns_hostfile(hosts))
+        .map_err(|e| format!("write {}: {e}", hostfile.display()))?;
+    Ok((agent, hostfile))
 }
 
 /// Whether `path` holds at least one verified record of the run.
@@ -679,6 +771,13 @@ pub fn smoke(bench: &Path) -> Result<(), String> {
         "==> workloads launch (kv) under mpirun -np 2: verified records of both ranks ({:.1} s)",
         wl_start.elapsed().as_secs_f64()
     );
+    if deps::is_root() {
+        netns_smoke(&bin, &dir, &version)?;
+    } else {
+        eprintln!(
+            "==> skipped: Open MPI kv across two network namespaces (creating namespaces needs root)"
+        );
+    }
     eprintln!(
         "==> the Open MPI smoke pass: ok ({:.1} s)",
         start.elapsed().as_secs_f64()
@@ -1032,6 +1131,18 @@ mod tests {
         );
         assert!(c.contains("--note MPI_Put over tcp is emulated"), "{c}");
         assert!(c.ends_with("--out /o/openmpi-kv-netns-tcp.jsonl"), "{c}");
+    }
+
+    #[test]
+    fn the_smoke_lab_is_two_hosts_on_one_veth_pair() {
+        let (cmds, hosts) = smoke_lab();
+        let text: Vec<String> = cmds.iter().map(|c| c.join(" ")).collect();
+        assert!(text.contains(
+            &"ip link add eth0 netns xtm-h0 type veth peer name eth1 netns xtm-h1".to_string()
+        ));
+        assert!(text.contains(&"ip -n xtm-h1 addr add 10.79.0.2/24 dev eth1".to_string()));
+        assert_eq!(hosts[1], ("xtm-h1".to_string(), "10.79.0.2".to_string()));
+        assert!(!hosts[0].0.starts_with(crate::netns::NS_PREFIX));
     }
 
     #[test]
