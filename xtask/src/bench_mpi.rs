@@ -1,7 +1,9 @@
 //! `cargo xtask bench --mpi`: the Open MPI baseline of the workloads (kv,
 //! weights, moe of crates/transfer-bench's WORKLOADS spec), a C program
 //! (`src/mpi/`) built with mpicc and run under mpirun on this machine, over
-//! Open MPI's same-host path (`shm`) and its tcp BTL on loopback (`tcp`).
+//! Open MPI's same-host path (`shm`) and its tcp BTL on loopback (`tcp`),
+//! or across the namespace hosts of `bench --workload --netns`
+//! ([`run_netns`]: `netns-tcp`).
 //! It writes the spec's JSON Lines (`openmpi-<workload>-<transport>.jsonl`)
 //! next to ours; `transfer-bench workloads report` reads them all.
 //!

@@ -39,7 +39,9 @@ commands:
                       the paper's workloads (WORKLOADS.md in transfer-bench)
                       over tcp and shm, the bound next to them, then the report
                       of every *.jsonl in target/bench/workloads (peers' too);
-                      with --netns N [--link-rate R] on namespace hosts
+                      with --netns N [--link-rate R] on namespace hosts (Open
+                      MPI too, mpirun reaching each namespace through an
+                      `ip netns exec` rsh agent)
     --netns N [--link-rate 1gbit] [--link-delay 1ms]
                       N network-namespace hosts on this machine (root)
     --hosts h1,h2,... real hosts over ssh; h1 drives, the others serve
@@ -64,7 +66,9 @@ commands:
                       unmodified llama-bench --rpc over two of our servers vs two
                       stock rpc-servers of that llama.cpp build, side by side
   mpi-smoke           only the Open MPI smoke pass of `test` (the workloads under
-                      mpirun, transfer-bench launch as an mpirun job; uses the
+                      mpirun and kv across two namespaces when root,
+                      transfer-bench launch and workloads launch (kv) as
+                      mpirun jobs; uses the
                       tests step's target/debug/transfer-bench)
   bench llama-plugin [--servers 2,4] [--rate 100mbit] [--delay 1ms] [--rounds 3]
             [--engine] [--llama-bin DIR] [--pp 64] [--tg 32] [--reps 2] [--threads 1]
