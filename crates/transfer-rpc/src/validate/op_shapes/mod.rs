@@ -3,10 +3,15 @@
 //! the whole process) or index outside a tensor's extent when a node does
 //! not meet their preconditions; the wire carries shapes, strides and
 //! op_params the client chose. So a backend accepts an allowlist of ops
-//! (those llama.cpp's dense and MoE graphs and test-backend-ops use), each
-//! checked here (and in `op_shapes_ext`, the ops added for issue 11)
+//! (those llama.cpp's graphs and test-backend-ops use), each checked
 //! against what its ggml-cpu forward kernel requires; every other op is
 //! refused.
+//!
+//! [`RULES`] below is the index: every ggml op by number, and the function
+//! holding its rule, one module per op family (`binary`, `unary`, `glu`,
+//! `norm`, `matmul`, `reduce`, `view`, `shape`, `rows`, `rope`,
+//! `attention`, `conv`, `pool`, `recurrent`, `train`, `misc`; what they
+//! share is in `common`). [`check_node`] runs exactly that table.
 //!
 //! The rules cite the kernels of the llama.cpp that llama-cpp-sys-2
 //! 0.1.161 vendors: `ggml/src/ggml-cpu/ops.cpp` (most ops),
@@ -24,237 +29,178 @@
 //! `ggml_graph_add_node`, which records no use counts, so
 //! `ggml_cpu_try_fuse_ops` (RMS_NORM + MUL) never matches.
 
-use super::cpu_types;
-use super::graph::ValidatedGraph;
-use super::op_shapes_ext;
-use super::ops::{
-    GGML_OP_GET_ROWS, GGML_OP_GLU, GGML_OP_NONE, GGML_OP_PERMUTE, GGML_OP_RESHAPE,
-    GGML_OP_SET_ROWS, GGML_OP_TRANSPOSE, GGML_OP_UNARY, GGML_OP_VIEW, is_view_op,
+mod attention;
+mod binary;
+mod common;
+mod conv;
+mod glu;
+mod matmul;
+mod misc;
+mod norm;
+mod pool;
+mod recurrent;
+mod reduce;
+mod rope;
+mod rows;
+mod shape;
+mod train;
+mod unary;
+mod view;
+
+use common::*;
+use rope::check_reads_past_extent;
+
+pub use common::{
+    MAX_CONV_TRANSPOSE_WORK, MAX_CROSS_ENTROPY_ROW, MAX_DELTA_NET_HEAD, MAX_FLASH_ATTN_HEAD,
+    MAX_INDEXER_ROW, MAX_MUL_MAT_ID_MAP, MAX_OUT_PROD_F16_ROW, is_contiguous, is_contiguous_1,
 };
-use super::types::{GGML_TYPE_F16, GGML_TYPE_F32, GGML_TYPE_I32, TypeInfo, type_info};
-use crate::error::{Result, RpcError};
-use crate::protocol::tensor::{MAX_SRC, RpcTensor};
 
-const CALL: &str = "GRAPH_COMPUTE op check";
-const GGML_TYPE_BF16: u32 = 30;
+/// A node's sources, as the rules take them.
+type Sources<'a> = [Option<&'a RpcTensor>; MAX_SRC];
 
-const OP_DUP: u32 = 1;
-const OP_ADD: u32 = 2;
-const OP_SUB: u32 = 6;
-const OP_MUL: u32 = 7;
-const OP_DIV: u32 = 8;
-const OP_SCALE: u32 = 32;
-const OP_CPY: u32 = 34;
-const OP_CONT: u32 = 35;
-const OP_NORM: u32 = 24;
-const OP_RMS_NORM: u32 = 25;
-const OP_MUL_MAT: u32 = 29;
-const OP_SOFT_MAX: u32 = 46;
-const OP_ROPE: u32 = 48;
-const OP_ROPE_BACK: u32 = 49;
-const OP_FLASH_ATTN_EXT: u32 = 74;
-
-/// `GGML_ROPE_TYPE_*` (ggml.h).
-const ROPE_NORMAL: i32 = 0;
-const ROPE_NEOX: i32 = 2;
-const ROPE_MROPE: i32 = 8;
-const ROPE_VISION: i32 = 24;
-const ROPE_IMROPE: i32 = 40;
-
-/// `GGML_UNARY_OP_XIELU`.
-const UNARY_XIELU: i32 = 17;
-/// `GGML_GLU_OP_SWIGLU_OAI`.
-const GLU_SWIGLU_OAI: i32 = 3;
-/// `GGML_GLU_OP_SWIGLU_CLAMP`.
-const GLU_SWIGLU_CLAMP: i32 = 6;
-/// `GGML_HINT_SRC0_IS_HADAMARD` (MUL_MAT `op_params[1]`).
-const HINT_SRC0_IS_HADAMARD: i32 = 1;
-/// `GGML_PREC_DEFAULT` and `GGML_PREC_F32` (FLASH_ATTN_EXT `op_params[3]`).
-const PREC_DEFAULT: i32 = 0;
-const PREC_F32: i32 = 10;
-/// Largest FLASH_ATTN_EXT head size (K and V row length) accepted.
-/// `ggml_graph_plan` (ggml-cpu.c) sizes the work buffer at about
-/// `512 * (DK + DV)` bytes per thread (64-row Q and KV tiles), and the CPU
-/// backend allocates it with `new[]`, which aborts the process when it
-/// fails: a head size bounded only by the buffer quota would turn a 1 MiB
-/// K row into a 128 MiB-per-thread allocation. Real models use at most a
-/// few hundred.
-pub const MAX_FLASH_ATTN_HEAD: u32 = 4096;
-
-pub(super) fn refuse<T>(op: u32, reason: impl Into<String>) -> Result<T> {
-    Err(RpcError::refused(
-        CALL,
-        format!("op {op}: {}", reason.into()),
-    ))
+/// How a rule takes its node. The variants that name sources refuse a node
+/// lacking one before the rule runs ("missing source 0", "needs two
+/// sources", "needs three sources").
+#[derive(Clone, Copy)]
+enum Rule {
+    /// Not on the compute allowlist.
+    Refused,
+    /// The result alone.
+    Leaf(fn(&RpcTensor) -> Result<()>),
+    /// The result and its sources, which the rule reads itself.
+    Node(fn(&RpcTensor, &Sources) -> Result<()>),
+    /// As `Node`, with the tensor the result is a view of.
+    Viewed(fn(&RpcTensor, &Sources, Option<&RpcTensor>) -> Result<()>),
+    /// The result and src0.
+    Src0(fn(&RpcTensor, &RpcTensor) -> Result<()>),
+    /// The result, src0 and src1.
+    Src01(fn(&RpcTensor, &RpcTensor, &RpcTensor) -> Result<()>),
+    /// The result, src0, src1 and src2.
+    Src012(fn(&RpcTensor, &RpcTensor, &RpcTensor, &RpcTensor) -> Result<()>),
 }
 
-fn info(t: &RpcTensor) -> Result<TypeInfo> {
-    type_info(t.ty).ok_or_else(|| RpcError::refused(CALL, "invalid type"))
-}
+use Rule::{Leaf, Node, Refused, Src0, Src01, Src012, Viewed};
 
-pub(super) fn nelements(t: &RpcTensor) -> u64 {
-    t.ne.iter().map(|&n| u64::from(n)).product()
-}
+/// Every `enum ggml_op` value (ggml.h), in order (checked at compile time
+/// below: row `i` is op `i`), with its rule. Every node passes
+/// [`check_node`]'s common checks first.
+#[rustfmt::skip]
+const RULES: [(u32, Rule); GGML_OP_COUNT as usize] = [
+    (OP_NONE,                    Leaf(view::check_none)),
+    (OP_DUP,                     Node(view::check_copy)),
+    (OP_ADD,                     Node(binary::check_binary)),
+    (OP_ADD_ID,                  Node(binary::check_add_id)),
+    (OP_ADD1,                    Node(binary::check_add1)),
+    (OP_ACC,                     Node(binary::check_acc_set)),
+    (OP_SUB,                     Node(binary::check_binary)),
+    (OP_MUL,                     Node(binary::check_binary)),
+    (OP_DIV,                     Node(binary::check_binary)),
+    (OP_SQR,                     Src0(unary::check_sqr)),
+    (OP_SQRT,                    Src0(unary::check_sqr)),
+    (OP_LOG,                     Src0(unary::check_unary_op)),
+    (OP_SIN,                     Src0(unary::check_unary_op)),
+    (OP_COS,                     Src0(unary::check_unary_op)),
+    (OP_SUM,                     Src0(reduce::check_sum)),
+    (OP_SUM_ROWS,                Src0(reduce::check_sum_rows)),
+    (OP_CUMSUM,                  Src0(reduce::check_cumsum)),
+    (OP_MEAN,                    Src0(reduce::check_sum_rows)),
+    (OP_ARGMAX,                  Src0(reduce::check_argmax)),
+    (OP_COUNT_EQUAL,             Node(reduce::check_count_equal)),
+    (OP_REPEAT,                  Src0(shape::check_repeat)),
+    (OP_REPEAT_BACK,             Src0(train::check_repeat_back)),
+    (OP_CONCAT,                  Node(shape::check_concat)),
+    (OP_SILU_BACK,               Src01(train::check_silu_back)),
+    (OP_NORM,                    Node(norm::check_norm)),
+    (OP_RMS_NORM,                Node(norm::check_norm)),
+    (OP_RMS_NORM_BACK,           Src01(train::check_rms_norm_back)),
+    (OP_GROUP_NORM,              Src0(norm::check_group_norm)),
+    (OP_L2_NORM,                 Src0(norm::check_l2_norm)),
+    (OP_MUL_MAT,                 Node(matmul::check_mul_mat)),
+    (OP_MUL_MAT_ID,              Node(matmul::check_mul_mat_id)),
+    (OP_OUT_PROD,                Src01(matmul::check_out_prod)),
+    (OP_SCALE,                   Node(unary::check_scale)),
+    (OP_SET,                     Node(binary::check_acc_set)),
+    (OP_CPY,                     Node(view::check_copy)),
+    (OP_CONT,                    Node(view::check_copy)),
+    (OP_RESHAPE,                 Viewed(view::check_reshape)),
+    (OP_VIEW,                    Viewed(view::check_view)),
+    (OP_PERMUTE,                 Viewed(view::check_view)),
+    (OP_TRANSPOSE,               Viewed(view::check_view)),
+    (OP_GET_ROWS,                Node(rows::check_get_rows)),
+    (OP_GET_ROWS_BACK,           Src01(train::check_get_rows_back)),
+    (OP_SET_ROWS,                Node(rows::check_set_rows)),
+    (OP_DIAG,                    Src0(shape::check_diag)),
+    (OP_DIAG_MASK_INF,           Src0(attention::check_diag_mask_inf)),
+    // DIAG_MASK_INF's kernel with 0 instead of -INFINITY.
+    (OP_DIAG_MASK_ZERO,          Src0(attention::check_diag_mask_inf)),
+    (OP_SOFT_MAX,                Node(attention::check_soft_max)),
+    (OP_SOFT_MAX_BACK,           Src01(train::check_soft_max_back)),
+    (OP_ROPE,                    Node(rope::check_rope)),
+    // ROPE's kernel with `forward = false` (only the sine flips).
+    (OP_ROPE_BACK,               Node(rope::check_rope)),
+    (OP_CLAMP,                   Src0(unary::check_clamp)),
+    (OP_CONV_TRANSPOSE_1D,       Src01(conv::check_conv_transpose)),
+    (OP_IM2COL,                  Src01(conv::check_im2col)),
+    (OP_IM2COL_BACK,             Src01(train::check_im2col_back)),
+    (OP_IM2COL_3D,               Src01(conv::check_im2col_3d)),
+    (OP_COL2IM_1D,               Src0(conv::check_col2im_1d)),
+    (OP_CONV_2D,                 Src01(conv::check_conv_direct)),
+    (OP_CONV_3D,                 Src01(conv::check_conv_direct)),
+    (OP_CONV_2D_DW,              Src01(conv::check_conv_2d_dw)),
+    (OP_CONV_TRANSPOSE_2D,       Src01(conv::check_conv_transpose)),
+    (OP_POOL_1D,                 Src0(pool::check_pool_1d)),
+    (OP_POOL_2D,                 Src0(pool::check_pool_2d)),
+    (OP_POOL_2D_BACK,            Src01(train::check_pool_2d_back)),
+    (OP_UPSCALE,                 Src0(pool::check_upscale)),
+    (OP_PAD,                     Src0(shape::check_pad)),
+    (OP_PAD_REFLECT_1D,          Src0(shape::check_pad_reflect_1d)),
+    (OP_ROLL,                    Src0(shape::check_roll)),
+    (OP_ARANGE,                  Leaf(misc::check_arange)),
+    (OP_TIMESTEP_EMBEDDING,      Src0(misc::check_timestep_embedding)),
+    (OP_ARGSORT,                 Src0(reduce::check_sort)),
+    (OP_TOP_K,                   Src0(reduce::check_sort)),
+    (OP_LEAKY_RELU,              Src0(unary::check_leaky_relu)),
+    (OP_TRI,                     Src0(shape::check_tri)),
+    (OP_FILL,                    Src0(unary::check_fill)),
+    (OP_FLASH_ATTN_EXT,          Node(attention::check_flash_attn_ext)),
+    // No ggml-cpu kernel.
+    (OP_FLASH_ATTN_BACK,         Refused),
+    (OP_SSM_CONV,                Node(recurrent::check_ssm_conv)),
+    (OP_SSM_SCAN,                Node(recurrent::check_ssm_scan)),
+    (OP_WIN_PART,                Src0(attention::check_win_part)),
+    (OP_WIN_UNPART,              Src0(attention::check_win_unpart)),
+    (OP_GET_REL_POS,             Src0(attention::check_get_rel_pos)),
+    (OP_ADD_REL_POS,             Src012(attention::check_add_rel_pos)),
+    (OP_RWKV_WKV6,               Node(recurrent::check_linear_attn)),
+    (OP_GATED_LINEAR_ATTN,       Node(recurrent::check_linear_attn)),
+    (OP_RWKV_WKV7,               Node(recurrent::check_linear_attn)),
+    (OP_SOLVE_TRI,               Src01(misc::check_solve_tri)),
+    (OP_GATED_DELTA_NET,         Node(recurrent::check_gated_delta_net)),
+    (OP_LIGHTNING_INDEXER,       Node(attention::check_lightning_indexer)),
+    (OP_DSV4_HC_COMB,            Node(misc::check_dsv4_hc)),
+    (OP_DSV4_HC_PRE,             Node(misc::check_dsv4_hc)),
+    (OP_DSV4_HC_POST,            Node(misc::check_dsv4_hc)),
+    (OP_UNARY,                   Node(unary::check_unary)),
+    // The custom ops' op_params carry host function pointers.
+    (OP_MAP_CUSTOM1,             Refused),
+    (OP_MAP_CUSTOM2,             Refused),
+    (OP_MAP_CUSTOM3,             Refused),
+    (OP_CUSTOM,                  Refused),
+    (OP_CROSS_ENTROPY_LOSS,      Src01(train::check_cross_entropy_loss)),
+    (OP_CROSS_ENTROPY_LOSS_BACK, Src012(train::check_cross_entropy_loss_back)),
+    (OP_OPT_STEP_ADAMW,          Node(train::check_opt_step)),
+    (OP_OPT_STEP_SGD,            Node(train::check_opt_step)),
+    (OP_GLU,                     Node(glu::check_glu)),
+];
 
-/// `ggml_nrows`: rows of `ne[0]` elements.
-pub(super) fn nrows(t: &RpcTensor) -> u64 {
-    t.ne[1..]
-        .iter()
-        .fold(1u64, |acc, &n| acc.saturating_mul(u64::from(n)))
-}
-
-/// Bytes of one row (`ggml_row_size(type, ne[0])`).
-pub(super) fn row_bytes(t: &RpcTensor) -> u64 {
-    type_info(t.ty).map_or(u64::MAX, |i| {
-        (u64::from(t.ne[0]) / i.block_size).saturating_mul(i.type_size)
-    })
-}
-
-/// `op_params[i]` read as the f32 a kernel `memcpy`s out of it.
-pub(super) fn f32_param(r: &RpcTensor, i: usize) -> f32 {
-    f32::from_bits(r.op_params[i] as u32)
-}
-
-/// Bytes of one block of `ty` (0 for an unknown type, which
-/// `check_tensor` has refused before any op rule runs).
-pub(super) fn type_size(ty: u32) -> u64 {
-    type_info(ty).map_or(0, |i| i.type_size)
-}
-
-/// An F32 or F16 map of one source into a result of its type and shape,
-/// for kernels that walk `ggml_nrows` rows of packed elements at
-/// `i * nb1` / `i * nb01` (one flat run) and GGML_ABORT on other types
-/// (CLAMP, LEAKY_RELU).
-pub(super) fn same_type_flat_map(r: &RpcTensor, a: &RpcTensor) -> bool {
-    matches!(a.ty, GGML_TYPE_F32 | GGML_TYPE_F16)
-        && r.ty == a.ty
-        && r.ne == a.ne
-        && rows_contiguous(r)
-        && rows_contiguous(a)
-        && flat_walk(r)
-        && flat_walk(a)
-}
-
-/// Rows are contiguous: the first dimension is packed.
-pub(super) fn rows_contiguous(t: &RpcTensor) -> bool {
-    type_info(t.ty).is_some_and(|i| u64::from(t.nb[0]) == i.type_size)
-}
-
-/// `ggml_is_contiguous`: packed in all dimensions (size-1 dims ignored).
-pub fn is_contiguous(t: &RpcTensor) -> bool {
-    let Some(i) = type_info(t.ty) else {
-        return false;
-    };
-    let mut next = i.type_size;
-    if t.ne[0] != 1 && u64::from(t.nb[0]) != next {
-        return false;
+// Row i of RULES is op i, so the lookup by number cannot pick another row.
+const _: () = {
+    let mut i = 0;
+    while i < RULES.len() {
+        assert!(RULES[i].0 as usize == i, "RULES is out of order");
+        i += 1;
     }
-    next = next.saturating_mul(u64::from(t.ne[0]) / i.block_size);
-    for d in 1..4 {
-        if t.ne[d] != 1 {
-            if u64::from(t.nb[d]) != next {
-                return false;
-            }
-            next = next.saturating_mul(u64::from(t.ne[d]));
-        }
-    }
-    true
-}
-
-/// `ggml_is_contiguous_1`: rows packed, dimensions 2 and 3 packed after
-/// dimension 1 (whose stride is free); size-1 dims ignored. Then row
-/// `i` (counted over dims 1..3 as one run) lies at `i * nb[1]`.
-pub fn is_contiguous_1(t: &RpcTensor) -> bool {
-    let Some(i) = type_info(t.ty) else {
-        return false;
-    };
-    if u64::from(t.ne[0]) != i.block_size && u64::from(t.nb[0]) != i.type_size {
-        return false;
-    }
-    let mut next = u64::from(t.ne[1]).saturating_mul(u64::from(t.nb[1]));
-    for d in 2..4 {
-        if t.ne[d] != 1 && u64::from(t.nb[d]) != next {
-            return false;
-        }
-        next = next.saturating_mul(u64::from(t.ne[d]));
-    }
-    true
-}
-
-/// Strides never decrease (`!ggml_is_permuted`, size-1 dims included):
-/// what the "dst cannot be transposed or permuted" asserts check.
-pub(super) fn strides_ordered(t: &RpcTensor) -> bool {
-    t.nb[0] <= t.nb[1] && t.nb[1] <= t.nb[2] && t.nb[2] <= t.nb[3]
-}
-
-/// Contiguous, and its rows counted over dims 1..3 as one run lie at
-/// `i * nb[1]`: for kernels that walk `ggml_nrows` rows by `nb[1]` alone.
-/// `ggml_is_contiguous` leaves `nb[1]` free when `ne[1] == 1`, so it must
-/// be the row size whenever there is more than one row.
-pub(super) fn flat_rows(t: &RpcTensor) -> bool {
-    is_contiguous(t) && (nrows(t) <= 1 || u64::from(t.nb[1]) == row_bytes(t))
-}
-
-/// Row length and row count fit the `int` many kernels narrow them to:
-/// scale_f32 `const int nc = src0->ne[0]` then `memcpy(.., nc *
-/// sizeof(float))` (a negative nc is a huge size); every glu kernel
-/// `const int nc`, `const int nr = ggml_nrows(src0)` then
-/// GGML_ASSERT(dst->ne[0] == nc), GGML_ASSERT(ggml_nrows(dst) == nr);
-/// flash_attn_ext's `int ir0, ir1` row ranges; rope's `int nr`. Real
-/// graphs stay far below (2^31 elements per row or rows).
-fn fits_int(t: &RpcTensor) -> bool {
-    let max = i32::MAX as u64;
-    u64::from(t.ne[0]) <= max && nrows(t) <= max
-}
-
-pub(super) fn float(ty: u32) -> bool {
-    matches!(ty, GGML_TYPE_F32 | GGML_TYPE_F16 | GGML_TYPE_BF16)
-}
-
-/// Types ggml-cpu has no row kernels for: `type_traits_cpu` (ggml-cpu.c)
-/// gives them no `vec_dot`, so MUL_MAT would call a null pointer, and
-/// `ggml_compute_forward_get_rows` (ops.cpp) aborts on them or, for q8_1
-/// (no `to_float`), calls a null pointer. Every other known type has both.
-const CPU_NO_ROW_KERNELS: [&str; 7] = ["q8_1", "q8_K", "i8", "i16", "i32", "i64", "f64"];
-
-/// A MUL_MAT `src0` type ggml-cpu multiplies (it has a `vec_dot`).
-pub(super) fn cpu_mul_mat_src0(ty: u32) -> bool {
-    type_info(ty).is_some_and(|i| !CPU_NO_ROW_KERNELS.contains(&i.name))
-}
-
-/// A GET_ROWS source ggml-cpu reads: the MUL_MAT types plus I32 (copied
-/// by the f32 path).
-fn cpu_get_rows_src(ty: u32) -> bool {
-    ty == GGML_TYPE_I32 || cpu_mul_mat_src0(ty)
-}
-
-/// MUL_MAT / MUL_MAT_ID src1 types for a `src0` of type `a`: F32
-/// (converted to the vec_dot type with its from_float), the vec_dot type
-/// itself, or BF16 / F16 widened to F32 when the vec_dot type is F32.
-/// `ggml_backend_cpu_device_supports_op` accepts F32, the vec_dot type
-/// and (vec_dot F32) BF16; the kernel GGML_ASSERTs that a src1 it must
-/// convert is F32 or (vec_dot F32) F16 / BF16.
-pub(super) fn mul_mat_src1_ok(a: u32, b: u32) -> bool {
-    let Some(vdt) = cpu_types::vec_dot_type(a) else {
-        return false;
-    };
-    b == GGML_TYPE_F32 || b == vdt || (b == GGML_TYPE_BF16 && vdt == GGML_TYPE_F32)
-}
-
-/// Rows packed and dims 2, 3 packed after dim 1: row `i` counted over
-/// dims 1..3 as one run lies at `i * nb[1]`, for kernels that walk
-/// `ggml_nrows` rows by `nb[1]` alone.
-pub(super) fn flat_walk(t: &RpcTensor) -> bool {
-    (t.ne[0] <= 1 || rows_contiguous(t)) && is_contiguous_1(t)
-}
-
-pub(super) fn divides(small: u32, big: u32) -> bool {
-    small != 0 && big % small == 0
-}
-
-pub(super) fn can_repeat(b: &RpcTensor, a: &RpcTensor) -> bool {
-    (0..4).all(|i| divides(b.ne[i], a.ne[i]))
-}
+};
 
 /// Checks every node of a validated graph against the allowlist.
 pub fn check_graph_ops(g: &ValidatedGraph) -> Result<()> {
@@ -269,48 +215,15 @@ pub fn check_graph_ops(g: &ValidatedGraph) -> Result<()> {
     Ok(())
 }
 
-/// Reads a kernel makes past a source's own extent: they must at least
-/// stay inside the source's buffer (the bytes read there are discarded).
-fn check_reads_past_extent(g: &ValidatedGraph, n: usize) -> Result<()> {
-    let r = &g.tensors[n];
-    if !matches!(r.op, OP_ROPE | OP_ROPE_BACK) || nelements(r) == 0 {
-        return Ok(());
-    }
-    let Some(c) = g.srcs[n][2] else {
-        return Ok(());
-    };
-    // ggml_rope_cache_init (ops.cpp) reads freq_factors[i0 / 2] for every
-    // even i0 < ne0, not only the n_dims / 2 factors the kernel asserts
-    // (`src2->ne[0] >= n_dims / 2`): ne0 / 2 floats from the tensor's
-    // start (ne0 is even, see check_node). Partial-rotary models give
-    // n_dims / 2 factors, so the read may pass the tensor's end; refuse it
-    // only where it would pass the end of the buffer.
-    let need = 4 * (u64::from(r.ne[0]) / 2);
-    let room = g
-        .checked
-        .get(c)
-        .and_then(|t| t.placement)
-        .map_or(0, |(region, off)| region.size.saturating_sub(off));
-    if need > room {
-        return refuse(
-            r.op,
-            format!("rope reads {need} bytes of frequency factors, {room} left in their buffer"),
-        );
-    }
-    Ok(())
-}
-
 /// Checks one node against the builder rules of its op and the
-/// preconditions of its ggml-cpu kernel.
+/// preconditions of its ggml-cpu kernel: the row-size bound every computing
+/// op shares, then its op's rule in [`RULES`].
 pub fn check_node(
     r: &RpcTensor,
     s: &[Option<&RpcTensor>; MAX_SRC],
     view_src: Option<&RpcTensor>,
 ) -> Result<()> {
     let op = r.op;
-    let src = |i: usize| -> Result<&RpcTensor> {
-        s[i].ok_or_else(|| RpcError::refused(CALL, format!("op {op}: missing source {i}")))
-    };
     if op != GGML_OP_NONE && !is_view_op(op) {
         for t in std::iter::once(r).chain(s.iter().flatten().copied()) {
             if !fits_int(t) {
@@ -321,624 +234,84 @@ pub fn check_node(
             }
         }
     }
-    match op {
-        GGML_OP_NONE => Ok(()),
-        OP_ADD | OP_SUB | OP_MUL | OP_DIV => {
-            let (a, b) = (src(0)?, src(1)?);
-            // binary_op (binary-ops.cpp) has kernels for these (dst, src0,
-            // src1) types only and GGML_ABORTs on any other: all F32, all
-            // F16, all BF16, and F16 / BF16 with an F32 src1 (dst = src0).
-            if r.ne != a.ne
-                || r.ty != a.ty
-                || !float(a.ty)
-                || !(b.ty == a.ty || b.ty == GGML_TYPE_F32)
-            {
-                return refuse(op, "binary op shapes/types");
-            }
-            // apply_binary_op: GGML_ASSERT(ggml_can_repeat(src1, src0) &&
-            // ggml_are_same_shape(src0, dst)), GGML_ASSERT(nb0 ==
-            // sizeof(dst_t)), GGML_ASSERT(nb00 == sizeof(src0_t)); the
-            // broadcast reads `i % ne1x`, so no src1 dim may be 0. src1's
-            // nb[0] is free: a src1 whose rows are not packed (a permuted
-            // operand, test_bin_bcast's perm1) goes through
-            // vec_binary_op_non_contiguous, which reads element i10 <
-            // ne10 at `i10 * nb10`, inside src1's own extent.
-            if !can_repeat(b, a) || !rows_contiguous(a) || !rows_contiguous(r) {
-                return refuse(
-                    op,
-                    "binary op operand does not broadcast, or src0 / result rows not packed",
-                );
-            }
-            Ok(())
-        }
-        OP_NORM | OP_RMS_NORM => {
-            let a = src(0)?;
-            // ggml_compute_forward_norm / rms_norm (ops.cpp): F32 source
-            // only (GGML_ABORT otherwise), the result is written as floats;
-            // rms_norm GGML_ASSERTs src0->nb[0] == sizeof(float) and
-            // memcpys ne00 floats into each dst row. norm_f32 takes any
-            // nb00 / nb0: when either is not sizeof(float) it reads and
-            // writes element i00 at `i00 * nb00` / `i00 * nb0` (inside each
-            // tensor's extent), as for test_norm's noncontig_rows.
-            let packed = op == OP_NORM || (rows_contiguous(a) && rows_contiguous(r));
-            if r.ne != a.ne || r.ty != GGML_TYPE_F32 || a.ty != GGML_TYPE_F32 || !packed {
-                return refuse(op, "norm must be F32, same shape (rms_norm: packed rows)");
-            }
-            // Both: `memcpy(&eps, dst->op_params, 4); GGML_ASSERT(eps >=
-            // 0.0f)`, which NaN fails too.
-            let eps = f32_param(r, 0);
-            if eps.is_nan() || eps < 0.0 {
-                return refuse(op, format!("norm eps {eps} is negative or NaN"));
-            }
-            Ok(())
-        }
-        OP_SCALE => {
-            let a = src(0)?;
-            // ggml_compute_forward_scale_f32 / _bf16 (ops.cpp):
-            // GGML_ASSERT(ggml_is_contiguous(src0)),
-            // GGML_ASSERT(ggml_is_contiguous(dst)), same shape. It then
-            // walks ggml_nrows rows at `i1 * nb1` (dst) and `i1 * nb01`
-            // (src0; the bias branch reads src0 with dst's nb1), copying
-            // ne0 floats each: a size-1 dim 1 with a large nb[1] would
-            // write past the tensor (flat_rows). scale_bf16 has the same
-            // asserts and walks rows the same way (bf16 in, bf16 out: the
-            // builder's result is a copy of the source's type); any other
-            // type GGML_ABORTs.
-            if r.ne != a.ne
-                || r.ty != a.ty
-                || !matches!(a.ty, GGML_TYPE_F32 | GGML_TYPE_BF16)
-                || !rows_contiguous(a)
-                || !rows_contiguous(r)
-            {
-                return refuse(op, "scale must be F32 or BF16, same shape, packed rows");
-            }
-            if !flat_rows(a) || !flat_rows(r) {
-                return refuse(
-                    op,
-                    "scale source and result must be contiguous with rows nb[1] apart",
-                );
-            }
-            Ok(())
-        }
-        GGML_OP_UNARY => {
-            let a = src(0)?;
-            // unary_op / unary_op_params (unary-ops.cpp) and the gelu,
-            // gelu_erf, gelu_quick, silu kernels (ops.cpp) take F32, F16
-            // and BF16 with dst of the source type; apply_unary_op
-            // GGML_ASSERTs ggml_is_contiguous_rows of both, nb0 ==
-            // sizeof(dst_t), nb00 == sizeof(src0_t), same shape.
-            if r.ne != a.ne
-                || r.ty != a.ty
-                || !float(a.ty)
-                || !rows_contiguous(a)
-                || !rows_contiguous(r)
-            {
-                return refuse(op, "unary shapes/types");
-            }
-            // XIELU goes through apply_unary_op_functor, which
-            // GGML_ASSERTs ggml_is_contiguous_1(src0) and (dst).
-            if r.op_params[0] == UNARY_XIELU && (!is_contiguous_1(a) || !is_contiguous_1(r)) {
-                return refuse(op, "xielu source and result must be contiguous past dim 1");
-            }
-            Ok(())
-        }
-        GGML_OP_GLU => {
-            let a = src(0)?;
-            let glu = r.op_params[0];
-            // ggml_compute_forward_glu (ops.cpp): SWIGLU_OAI has an F32
-            // kernel only, SWIGLU_CLAMP F32 and F16, the others F32, F16
-            // and BF16; GGML_ABORT on any other type. dst is written as
-            // the source type.
-            let type_ok = match glu {
-                GLU_SWIGLU_OAI => a.ty == GGML_TYPE_F32,
-                GLU_SWIGLU_CLAMP => matches!(a.ty, GGML_TYPE_F32 | GGML_TYPE_F16),
-                _ => float(a.ty),
-            };
-            if !type_ok || r.ty != a.ty || !rows_contiguous(a) || !rows_contiguous(r) {
-                return refuse(op, "glu types");
-            }
-            // Every glu kernel GGML_ASSERTs ggml_is_contiguous_1(src0),
-            // (src1) and (dst) and walks ggml_nrows rows by nb[1] alone.
-            if !is_contiguous_1(a) || !is_contiguous_1(r) {
-                return refuse(op, "glu source and result must be contiguous past dim 1");
-            }
-            match s[1] {
-                Some(b) => {
-                    // GGML_ASSERT(src0->type == src1->type); dst->ne[0] ==
-                    // nc and ggml_nrows(dst) == nr (same shape here).
-                    if b.ne != a.ne
-                        || b.ty != a.ty
-                        || r.ne != a.ne
-                        || !rows_contiguous(b)
-                        || !is_contiguous_1(b)
-                    {
-                        return refuse(op, "glu with gate: shapes");
-                    }
-                }
-                None => {
-                    // Every glu kernel takes `nc = src0->ne[0] / 2` (rounded
-                    // down, as ggml_glu_impl's result) and reads the two
-                    // halves [0, nc) and [nc, 2 nc) of each row: with an odd
-                    // ne[0] the last element is never read.
-                    if r.ne != [a.ne[0] / 2, a.ne[1], a.ne[2], a.ne[3]] {
-                        return refuse(op, "glu: result must be half of src0");
-                    }
-                }
-            }
-            // swiglu_oai / swiglu_clamp: `std::clamp(x, -limit, limit)`
-            // with limit = op_params[3]; clamp's lo <= hi is a
-            // precondition (undefined behaviour otherwise).
-            if matches!(glu, GLU_SWIGLU_OAI | GLU_SWIGLU_CLAMP) {
-                let limit = f32_param(r, 3);
-                if limit.is_nan() || limit < 0.0 {
-                    return refuse(op, format!("glu limit {limit} is negative or NaN"));
-                }
-            }
-            Ok(())
-        }
-        OP_MUL_MAT => {
-            let (a, b) = (src(0)?, src(1)?);
-            let ai = info(a)?;
-            let transposed = a.nb[0] > a.nb[1];
-            let hadamard = r.op_params[1] == HINT_SRC0_IS_HADAMARD;
-            // With the Hadamard hint the kernel never reads src0 nor
-            // converts src1: ggml_compute_forward_fwht (ops.cpp) reads
-            // src1 rows as F32 or F16 (GGML_ABORT on any other type), and
-            // ggml_backend_cpu_device_supports_op accepts exactly those two
-            // for an F32 src0 and result. Without the hint, src1 must be
-            // one the vec_dot path converts.
-            let src1_ok = if hadamard {
-                a.ty == GGML_TYPE_F32 && matches!(b.ty, GGML_TYPE_F32 | GGML_TYPE_F16)
-            } else {
-                mul_mat_src1_ok(a.ty, b.ty)
-            };
-            // ggml_mul_mat's builder rules, and ggml_compute_forward_mul_mat
-            // (ggml-cpu.c): GGML_ASSERT(ne0 == ne01, ne1 == ne11, ne2 ==
-            // ne12, ne3 == ne13), GGML_ASSERT(nb00 == type size of src0),
-            // GGML_ASSERT(nb10 == type size of src1); r2 = ne12 / ne02,
-            // r3 = ne13 / ne03 divide; src0 needs a vec_dot.
-            if a.ne[0] != b.ne[0]
-                || !divides(a.ne[2], b.ne[2])
-                || !divides(a.ne[3], b.ne[3])
-                || transposed
-                || !cpu_mul_mat_src0(a.ty)
-                || u64::from(a.nb[0]) != ai.type_size
-                || !src1_ok
-                || r.ty != GGML_TYPE_F32
-                || r.ne != [a.ne[1], b.ne[1], b.ne[2], b.ne[3]]
-                || !rows_contiguous(b)
-                || !is_contiguous(r)
-            {
-                return refuse(op, "mul_mat shapes/types");
-            }
-            // "dst cannot be transposed or permuted": GGML_ASSERT(nb0 ==
-            // sizeof(float)), GGML_ASSERT(nb0 <= nb1), (nb1 <= nb2),
-            // (nb2 <= nb3), on size-1 dims too (there and in the tiled
-            // driver, tiled/tiled.cpp).
-            if r.nb[0] != 4 || !strides_ordered(r) {
-                return refuse(
-                    op,
-                    "mul_mat result strides must be nb0 = 4 <= nb1 <= nb2 <= nb3",
-                );
-            }
-            // The tiled K-quant driver (tiled/tiled.cpp) reads a src1 that
-            // is already Q8_K at `(flat row) * nb[1]`, counting rows over
-            // dims 1..3 as one run.
-            if cpu_types::tiled_mul_mat_src0(a.ty) && b.ty != GGML_TYPE_F32 && !flat_walk(b) {
-                return refuse(
-                    op,
-                    "mul_mat of a tiled type by Q8_K needs src1 rows nb[1] apart",
-                );
-            }
-            // op_params[1] == GGML_HINT_SRC0_IS_HADAMARD makes the kernel
-            // ignore src0 and run ggml_compute_forward_fwht (ops.cpp): it
-            // GGML_ASSERTs (n & (n - 1)) == 0 for n = ne10 and writes n
-            // floats into each dst row, whose length is ne0 = ne01. So K
-            // must be a power of two and src0 the square K x K Hadamard
-            // matrix (as llama_mul_mat_hadamard builds it).
-            if hadamard {
-                let k = b.ne[0];
-                if !k.is_power_of_two() || a.ne[1] != k {
-                    return refuse(
-                        op,
-                        format!(
-                            "hadamard mul_mat needs a square src0 of a power-of-two size, \
-                             got K = {k}, {} rows",
-                            a.ne[1]
-                        ),
-                    );
-                }
-            }
-            Ok(())
-        }
-        GGML_OP_RESHAPE => {
-            let a = src(0)?;
-            if r.ty != a.ty
-                || nelements(r) != nelements(a)
-                || !is_contiguous(a)
-                || !is_contiguous(r)
-                || view_src.is_none()
-            {
-                return refuse(
-                    op,
-                    "reshape of a non-contiguous tensor or element count change",
-                );
-            }
-            Ok(())
-        }
-        GGML_OP_VIEW | GGML_OP_PERMUTE | GGML_OP_TRANSPOSE => {
-            let a = src(0)?;
-            if r.ty != a.ty || view_src.is_none() {
-                return refuse(op, "views must keep the type and have a view source");
-            }
-            if op != GGML_OP_VIEW && nelements(r) != nelements(a) {
-                return refuse(op, "permute/transpose must keep the element count");
-            }
-            Ok(())
-        }
-        OP_DUP | OP_CONT | OP_CPY => check_copy(r, s),
-        GGML_OP_GET_ROWS => {
-            let a = src(0)?;
-            // ggml_compute_forward_get_rows (ops.cpp): quantized sources
-            // dequantize, F16 / BF16 convert, F32 / I32 copy ne00 elements
-            // of 4 bytes; every path writes floats (or the I32 bits) into
-            // a packed dst row and reads a packed source row (assert(nb00
-            // == type size)).
-            let ok_type = (r.ty == GGML_TYPE_F32 && cpu_get_rows_src(a.ty))
-                || (a.ty == GGML_TYPE_I32 && r.ty == GGML_TYPE_I32);
-            if !ok_type || !rows_contiguous(r) || !rows_contiguous(a) {
-                return refuse(op, "get_rows types");
-            }
-            Ok(())
-        }
-        GGML_OP_SET_ROWS => {
-            // ggml_compute_forward_set_rows (ops.cpp): src0 F32 / F16
-            // (GGML_ABORT otherwise, checked with the indices in graph.rs),
-            // rows of nc = ne00 elements written with the dst type's
-            // from_float (called unchecked: null for the iq2 / iq3 / iq1
-            // types and the integers but I32) into packed dst rows, read
-            // from packed src0 rows. nc is dst's ne[0] (graph.rs), a whole
-            // number of dst blocks (check_shape).
-            if !cpu_types::has_from_float(r.ty) || !rows_contiguous(r) || !rows_contiguous(src(0)?)
-            {
-                return refuse(
-                    op,
-                    "set_rows destination needs a from_float and packed rows",
-                );
-            }
-            Ok(())
-        }
-        // ROPE_BACK runs ROPE's kernel (ggml_compute_forward_rope_flt with
-        // forward = false, which only flips the sine).
-        OP_ROPE | OP_ROPE_BACK => check_rope(r, s),
-        OP_SOFT_MAX => {
-            let a = src(0)?;
-            // ggml_compute_forward_soft_max (ops.cpp): F32 only
-            // (GGML_ABORT otherwise); reads and writes ne00 packed floats
-            // per row; the mask row i01 of ne00 F16/F32 values, broadcast
-            // over dims 2 and 3 by `%`. scale and max_bias (op_params 0,
-            // 1) are plain floats.
-            if a.ty != GGML_TYPE_F32
-                || r.ty != GGML_TYPE_F32
-                || r.ne != a.ne
-                || !is_contiguous(a)
-                || !is_contiguous(r)
-            {
-                return refuse(op, "soft_max shapes/types");
-            }
-            if let Some(m) = s[1] {
-                if !matches!(m.ty, GGML_TYPE_F16 | GGML_TYPE_F32)
-                    || !is_contiguous(m)
-                    || m.ne[0] != a.ne[0]
-                    || m.ne[1] < a.ne[1]
-                    || !divides(m.ne[2], a.ne[2])
-                    || !divides(m.ne[3], a.ne[3])
-                {
-                    return refuse(op, "soft_max mask");
-                }
-            }
-            if let Some(k) = s[2] {
-                // sinks: `sk[i02]` read as packed floats for every head
-                // i02 < ne02 (ggml_soft_max_add_sinks: F32, ne[0] == ne02).
-                if k.ty != GGML_TYPE_F32 || k.ne[0] != a.ne[2] || !rows_contiguous(k) {
-                    return refuse(op, "soft_max sinks must be F32 with one per head");
-                }
-            }
-            Ok(())
-        }
-        OP_FLASH_ATTN_EXT => check_flash_attn_ext(r, s),
-        _ => {
-            op_shapes_ext::check(r, s).unwrap_or_else(|| refuse(op, "not on the compute allowlist"))
-        }
-    }
+    check_rule(r, s, view_src).unwrap_or_else(|| refuse(op, "not on the compute allowlist"))
 }
 
-/// DUP, CONT and CPY: `ggml_compute_forward_dup` (ops.cpp; CPY and CONT
-/// call it too), which picks a path by the (src0, dst) types.
-fn check_copy(r: &RpcTensor, s: &[Option<&RpcTensor>; MAX_SRC]) -> Result<()> {
+/// Runs the rule [`RULES`] gives the node's op; `None` for an op it
+/// refuses or does not know.
+fn check_rule(
+    r: &RpcTensor,
+    s: &[Option<&RpcTensor>; MAX_SRC],
+    view_src: Option<&RpcTensor>,
+) -> Option<Result<()>> {
     let op = r.op;
-    let Some(a) = s[0] else {
-        return refuse(op, "copy needs a source");
-    };
-    // Every path: GGML_ASSERT(ggml_nelements(dst) == ggml_nelements(src0)).
-    if nelements(r) != nelements(a) {
-        return refuse(op, "copy source and result element counts differ");
-    }
-    if op == OP_CPY {
-        // ggml_cpy's result is a view of src1; the dequantizing path
-        // below computes dst offsets from src1's shape and strides.
-        let Some(b) = s[1] else {
-            return refuse(op, "cpy needs a destination");
-        };
-        if r.ty != b.ty || r.ne != b.ne || r.nb != b.nb {
-            return refuse(op, "cpy result must have its destination's layout");
-        }
-    }
-    let (from, to) = (a.ty, r.ty);
-    if from == to {
-        // dup_bytes: memcpy of whole blocks, for any type. When dst is
-        // contiguous but the pair is neither both contiguous (dup_same_cont)
-        // nor same-shaped with packed rows (copy by rows), it copies rows of
-        // `ne00 * type_size` bytes: for a block type that is block_size
-        // times the row, written past dst's end.
-        let flat_dst_path = is_contiguous(r)
-            && !is_contiguous(a)
-            && !(r.ne == a.ne && rows_contiguous(a) && rows_contiguous(r));
-        if cpu_types::is_quantized(from) && flat_dst_path {
-            return refuse(
-                op,
-                "same-type copy of blocks into a contiguous result of another shape \
-                 needs a contiguous source",
-            );
-        }
-        return Ok(());
-    }
-    let float_like = |t: u32| float(t);
-    if float_like(from) && float_like(to) {
-        // dup_flt between F32 / F16 / BF16: element-wise, any strides.
-        return Ok(());
-    }
-    if (from == GGML_TYPE_F32 && to == GGML_TYPE_I32)
-        || (from == GGML_TYPE_I32 && to == GGML_TYPE_F32)
-    {
-        // dup_flt<float, int32_t> / dup_flt<int32_t, float>.
-        return Ok(());
-    }
-    if float_like(from) && cpu_types::is_quantized(to) {
-        // dup_to_q: GGML_ABORT unless dst is contiguous, nb00 ==
-        // sizeof(src_t) and dst has a from_float. Each source row of ne00
-        // elements is converted into params->wdata at (ne00 +
-        // CACHE_LINE_SIZE_F32) * ith floats, which ggml_graph_plan sizes
-        // by dst's ne[0]: ne00 may not exceed it. quantize_row_q writes
-        // whole blocks: ne00 is a multiple of dst's block size.
-        let block = type_info(to).map_or(u64::MAX, |i| i.block_size);
-        let a_ts = type_info(from).map_or(0, |i| i.type_size);
-        if !cpu_types::has_from_float(to)
-            || !is_contiguous(r)
-            || u64::from(a.nb[0]) != a_ts
-            || a.ne[0] > r.ne[0]
-            || u64::from(a.ne[0]) % block != 0
-        {
-            return refuse(
-                op,
-                "quantizing copy needs a contiguous destination with a from_float, \
-                 packed source rows of whole blocks no longer than the result's",
-            );
-        }
-        return Ok(());
-    }
-    if cpu_types::quantized_with_to_float(from) && to == GGML_TYPE_F32 {
-        // dup_from_q: reads src1 (GGML_TENSOR_BINARY_OP_LOCALS), a null
-        // pointer for DUP / CONT; GGML_ASSERT(nb10 == sizeof(float)),
-        // GGML_ASSERT(ne10 % qk == 0 || ggml_is_contiguous(dst)).
-        let block = type_info(from).map_or(u64::MAX, |i| i.block_size);
-        let ok =
-            op == OP_CPY && r.nb[0] == 4 && (u64::from(r.ne[0]) % block == 0 || is_contiguous(r));
-        if !ok {
-            return refuse(
-                op,
-                "dequantizing copy needs CPY into F32 with packed rows of whole blocks",
-            );
-        }
-        return Ok(());
-    }
-    // I32 to anything but F32, F16 / BF16 to I32 (dup_to_q with an unsized
-    // work buffer), quantized to anything but F32 or itself, and the other
-    // integer types: GGML_ABORT or a null call.
-    refuse(
-        op,
-        format!(
-            "ggml-cpu has no copy from {} to {}",
-            type_info(from).map_or("?", |i| i.name),
-            type_info(to).map_or("?", |i| i.name)
-        ),
-    )
+    let (_, rule) = RULES.get(usize::try_from(op).ok()?)?;
+    Some(match *rule {
+        Refused => return None,
+        Leaf(f) => f(r),
+        Node(f) => f(r, s),
+        Viewed(f) => f(r, s, view_src),
+        Src0(f) => match s[0] {
+            Some(a) => f(r, a),
+            None => refuse(op, "missing source 0"),
+        },
+        Src01(f) => match (s[0], s[1]) {
+            (Some(a), Some(b)) => f(r, a, b),
+            _ => refuse(op, "needs two sources"),
+        },
+        Src012(f) => match (s[0], s[1], s[2]) {
+            (Some(a), Some(b), Some(c)) => f(r, a, b, c),
+            _ => refuse(op, "needs three sources"),
+        },
+    })
 }
 
-/// ROPE and ROPE_BACK: `ggml_compute_forward_rope_flt` (ops.cpp), all five
-/// modes.
-fn check_rope(r: &RpcTensor, s: &[Option<&RpcTensor>; MAX_SRC]) -> Result<()> {
-    let op = r.op;
-    let (Some(a), Some(b)) = (s[0], s[1]) else {
-        return refuse(op, "rope needs two sources");
-    };
-    // op_params the kernel reads: [1] n_dims, [2] mode, [4] n_ctx_orig,
-    // [5..=10] float yarn parameters (any value: float math only),
-    // [11..=14] sections (multi-rope only), [15] n_offs.
-    let n_dims = i64::from(r.op_params[1]);
-    let mode = r.op_params[2];
-    let n_offs = i64::from(r.op_params[15]);
-    let ne0 = i64::from(a.ne[0]);
-    let vector = b.ne[1] == 1 && b.ne[2] == 1 && b.ne[3] == 1;
-    // The kernel's `switch (mode)`: NORMAL 0, NEOX 2, MROPE 8, VISION 24,
-    // IMROPE 40; GGML_ABORT("rope type not supported") on any other.
-    // `mode & GGML_ROPE_TYPE_MROPE` (8, 24, 40) reads 4 positions per
-    // token (pos[i2 + ne2 * k], k < 4) and the sections.
-    if !matches!(
-        mode,
-        ROPE_NORMAL | ROPE_NEOX | ROPE_MROPE | ROPE_VISION | ROPE_IMROPE
-    ) {
-        return refuse(op, format!("rope mode {mode} is not supported"));
-    }
-    let multi = mode & ROPE_MROPE != 0;
-    let positions = u64::from(a.ne[2]) * if multi { 4 } else { 1 };
-    // ggml_compute_forward_rope: F16 / F32 source only (GGML_ABORT on
-    // BF16 and the rest), dst of the same type;
-    // GGML_ASSERT(src1->type == GGML_TYPE_I32), positions read as a
-    // packed int32 array (the builder's `a->ne[2] == b->ne[0]`, times 4
-    // for multi-rope, ggml_is_vector(b)); GGML_ASSERT(nb0 == nb00),
-    // GGML_ASSERT(nb0 == sizeof(T)).
-    if b.ty != GGML_TYPE_I32
-        || !vector
-        || !rows_contiguous(b)
-        || u64::from(b.ne[0]) != positions
-        || r.ne != a.ne
-        || r.ty != a.ty
-        || !matches!(a.ty, GGML_TYPE_F32 | GGML_TYPE_F16)
-        || !rows_contiguous(a)
-        || !rows_contiguous(r)
-    {
-        return refuse(op, "rope shapes/types");
-    }
-    // GGML_ASSERT(n_dims <= ne0), GGML_ASSERT(n_dims % 2 == 0) (n_dims 0
-    // makes theta_scale pow(base, -inf): refused as the builder's callers
-    // never send it).
-    if n_dims <= 0 || n_dims % 2 != 0 || n_dims > ne0 {
-        return refuse(op, format!("rope n_dims {n_dims} for rows of {ne0}"));
-    }
-    // GGML_ASSERT(n_offs >= 0), GGML_ASSERT(n_offs % 2 == 0),
-    // GGML_ASSERT(n_offs + n_dims <= ne0).
-    if n_offs < 0 || n_offs % 2 != 0 || n_offs + n_dims > ne0 {
-        return refuse(
-            op,
-            format!("rope n_offs {n_offs} with n_dims {n_dims} for rows of {ne0}"),
-        );
-    }
-    // The pass that copies the channels outside [n_offs, n_offs + n_dims)
-    // copies pairs dst[i0], dst[i0 + 1] for even i0 < ne0: with ne0 odd
-    // (n_dims is even, so some channel is left) its last pair writes one
-    // element past the row.
-    if ne0 % 2 != 0 {
-        return refuse(op, format!("rope rows of odd length {ne0}"));
-    }
-    if multi {
-        // ggml_mrope_cache_init: `sector = (i0 / 2) % sect_dims` over the
-        // four sections, GGML_ASSERT(sect_dims <= ne0); the kernel
-        // GGML_ASSERTs sections[0] > 0 || sections[1] > 0 || sections[2]
-        // > 0. Negative sections could make the sum 0 (division by zero).
-        // imrope compares `sector < 3 * sections[k]` in int.
-        let sections: [i64; 4] = std::array::from_fn(|k| i64::from(r.op_params[11 + k]));
-        let sum: i64 = sections.iter().sum();
-        if sections.iter().any(|&x| x < 0)
-            || sections[..3].iter().all(|&x| x == 0)
-            || sum > ne0
-            || sections.iter().any(|&x| 3 * x > i64::from(i32::MAX))
-        {
-            return refuse(op, format!("rope sections {sections:?} for rows of {ne0}"));
-        }
-    }
-    // VISION rotates pairs (i, i + n_dims) over the whole row:
-    // GGML_ASSERT(n_dims == ne0 / 2), GGML_ASSERT(n_offs == 0).
-    if mode == ROPE_VISION && (n_dims != ne0 / 2 || n_offs != 0) {
-        return refuse(
-            op,
-            format!("vision rope needs n_dims = ne0 / 2 and no offset, got {n_dims} / {n_offs}"),
-        );
-    }
-    if let Some(c) = s[2] {
-        // GGML_ASSERT(src2->type == GGML_TYPE_F32), GGML_ASSERT(src2->ne[0]
-        // >= n_dims / 2); read as a packed float array (its reach past
-        // the tensor: check_reads_past_extent).
-        if c.ty != GGML_TYPE_F32 || i64::from(c.ne[0]) < n_dims / 2 || !rows_contiguous(c) {
-            return refuse(op, "rope frequency factors");
-        }
-    }
-    Ok(())
-}
+#[cfg(test)]
+mod table_tests {
+    use super::*;
+    use crate::validate::ops;
 
-/// FLASH_ATTN_EXT: `ggml_compute_forward_flash_attn_ext` and its one-chunk,
-/// tiled and split-KV paths (ops.cpp).
-fn check_flash_attn_ext(r: &RpcTensor, s: &[Option<&RpcTensor>; MAX_SRC]) -> Result<()> {
-    let op = r.op;
-    let (Some(q), Some(k), Some(v)) = (s[0], s[1], s[2]) else {
-        return refuse(op, "flash_attn_ext needs three sources");
-    };
-    // GGML_ASSERT(ne0 == DV), (ne2 == N), (nbq0 / nbk0 / nbv0 == type
-    // size), (neq0 == DK == nek0); K rows ic < nek1 of V (nev1 == nek1);
-    // broadcast rk2 = neq2 / nek2, rv2 = neq2 / nev2, rk3 / rv3 with equal
-    // dim 3; Q is read as F32. K: GGML_ASSERT(from_float of its vec_dot
-    // type) and an unchecked call of its vec_dot (Q is converted into
-    // DK floats of work buffer, room for any vec_dot row). V:
-    // GGML_ASSERT(F32 or a to_float). Both sets are the MUL_MAT src0
-    // types. The tiled and split-KV paths only run for F32 / F16 K == V.
-    if k.ne[0] != q.ne[0]
-        || v.ne[1] != k.ne[1]
-        || !divides(k.ne[2], q.ne[2])
-        || !divides(v.ne[2], q.ne[2])
-        || q.ne[3] != k.ne[3]
-        || q.ne[3] != v.ne[3]
-        || q.ty != GGML_TYPE_F32
-        || !cpu_mul_mat_src0(k.ty)
-        || !cpu_mul_mat_src0(v.ty)
-        || r.ty != GGML_TYPE_F32
-        || r.ne != [v.ne[0], q.ne[2], q.ne[1], q.ne[3]]
-        || !is_contiguous(r)
-        || !rows_contiguous(q)
-        || !rows_contiguous(k)
-        || !rows_contiguous(v)
-    {
-        return refuse(op, "flash_attn_ext shapes/types");
-    }
-    // "dst cannot be transposed or permuted": GGML_ASSERT(nb0 ==
-    // sizeof(float)), (nb0 <= nb1), (nb1 <= nb2), (nb2 <= nb3), size-1
-    // dims included. Every path then stores a result row with
-    // `memcpy(dst + (i3*ne2*ne1 + i2 + i1*ne1)*nb1, VKQ32, nb1)`: nb1
-    // bytes per row, rows counted flat; nb1 must be the row size.
-    if r.nb[0] != 4 || !strides_ordered(r) || u64::from(r.nb[1]) != row_bytes(r) {
-        return refuse(
-            op,
-            "flash_attn_ext result must be packed, nb0 = 4 <= nb1 = row <= nb2 <= nb3",
+    /// The ops `ops.rs` names (what `graph.rs` checks) sit at their own
+    /// rows, and only FLASH_ATTN_BACK (no ggml-cpu kernel) and the custom
+    /// ops (host function pointers) are refused.
+    #[test]
+    fn rule_table_rows_and_refusals() {
+        for op in [
+            ops::GGML_OP_NONE,
+            ops::GGML_OP_ADD_ID,
+            ops::GGML_OP_MUL_MAT_ID,
+            ops::GGML_OP_RESHAPE,
+            ops::GGML_OP_TRANSPOSE,
+            ops::GGML_OP_GET_ROWS_BACK,
+            ops::GGML_OP_SET_ROWS,
+            ops::GGML_OP_SSM_SCAN,
+            ops::GGML_OP_UNARY,
+            ops::GGML_OP_CUSTOM,
+            ops::GGML_OP_GLU,
+        ] {
+            assert_eq!(RULES[op as usize].0, op);
+        }
+        let refused: Vec<u32> = RULES
+            .iter()
+            .filter(|(_, r)| matches!(r, Refused))
+            .map(|(op, _)| *op)
+            .collect();
+        assert_eq!(
+            refused,
+            [
+                OP_FLASH_ATTN_BACK,
+                OP_MAP_CUSTOM1,
+                OP_MAP_CUSTOM2,
+                OP_MAP_CUSTOM3,
+                OP_CUSTOM
+            ]
+        );
+        assert!(
+            refused
+                .iter()
+                .all(|&op| op == OP_FLASH_ATTN_BACK || ops::is_custom(op))
         );
     }
-    // switch (dst->op_params[3]): GGML_PREC_DEFAULT or GGML_PREC_F32, else
-    // GGML_ABORT. op_params 0..=2 (scale, max_bias, softcap) are floats.
-    let prec = r.op_params[3];
-    if !matches!(prec, PREC_DEFAULT | PREC_F32) {
-        return refuse(op, format!("flash_attn_ext precision {prec}"));
-    }
-    // The chunk loops take q rows as `int` (ir0, ir1 narrowed from
-    // int64): past i32::MAX rows they would index from negative rows
-    // (refused for every op by fits_int).
-    if k.ne[0] > MAX_FLASH_ATTN_HEAD || v.ne[0] > MAX_FLASH_ATTN_HEAD {
-        return refuse(
-            op,
-            format!(
-                "flash_attn_ext head sizes {} / {} exceed {MAX_FLASH_ATTN_HEAD}",
-                k.ne[0], v.ne[0]
-            ),
-        );
-    }
-    if let Some(m) = s[3] {
-        // The mask is read as F16 (GGML_CPU_FP16_TO_FP32(mp[ic])) at row
-        // iq1 < neq1, ic < nek1, broadcast over dims 2 and 3 by `%`.
-        if m.ty != GGML_TYPE_F16
-            || !is_contiguous(m)
-            || m.ne[0] != k.ne[1]
-            || m.ne[1] < q.ne[1]
-            || !divides(m.ne[2], q.ne[2])
-            || !divides(m.ne[3], q.ne[3])
-        {
-            return refuse(op, "flash_attn_ext mask");
-        }
-    }
-    if let Some(k) = s[4] {
-        // sinks: `((float *) sinks->data)[h]` for every head h < neq2
-        // (ggml_flash_attn_ext_add_sinks: F32, ne[0] == neq2).
-        if k.ty != GGML_TYPE_F32 || k.ne[0] != q.ne[2] || !rows_contiguous(k) {
-            return refuse(op, "flash_attn_ext sinks must be F32 with one per head");
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -1409,5 +782,177 @@ mod tests {
                 "{ty}"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod ext_tests {
+    use super::*;
+    use crate::validate::types::type_info;
+
+    fn packed(ty: u32, ne: [u32; 4]) -> RpcTensor {
+        let (bs, ts) = type_info(ty).map_or((1, 4), |i| (i.block_size, i.type_size));
+        let row = (u64::from(ne[0]) / bs * ts) as u32;
+        RpcTensor {
+            ty,
+            ne,
+            nb: [ts as u32, row, row * ne[1], row * ne[1] * ne[2]],
+            ..RpcTensor::default()
+        }
+    }
+
+    fn node(ty: u32, ne: [u32; 4], op: u32) -> RpcTensor {
+        let mut r = packed(ty, ne);
+        r.op = op;
+        r
+    }
+
+    fn run(r: &RpcTensor, srcs: &[&RpcTensor]) -> bool {
+        let mut s = [None; MAX_SRC];
+        for (slot, t) in s.iter_mut().zip(srcs) {
+            *slot = Some(*t);
+        }
+        matches!(check_rule(r, &s, None), Some(Ok(())))
+    }
+
+    #[test]
+    fn mul_mat_id_shapes_types_and_map_bound() {
+        let ok = |a_ty: u32, b_ty: u32, b_ne1: u32, n_as: u32, tokens: u32| {
+            let a = packed(a_ty, [256, 16, n_as, 1]);
+            let b = packed(b_ty, [256, b_ne1, tokens, 1]);
+            let ids = packed(GGML_TYPE_I32, [4, tokens, 1, 1]);
+            let r = node(GGML_TYPE_F32, [16, 4, tokens, 1], OP_MUL_MAT_ID);
+            run(&r, &[&a, &b, &ids])
+        };
+        assert!(ok(GGML_TYPE_F32, GGML_TYPE_F32, 4, 8, 3));
+        assert!(ok(GGML_TYPE_F16, GGML_TYPE_F32, 1, 8, 3));
+        assert!(ok(GGML_TYPE_F16, GGML_TYPE_F16, 4, 8, 3));
+        assert!(ok(8, 8, 4, 8, 3)); // q8_0 x q8_0
+        // F16 src1 for F32 experts: GGML_ASSERT(src1->type == F32).
+        assert!(!ok(GGML_TYPE_F32, GGML_TYPE_F16, 4, 8, 3));
+        assert!(!ok(GGML_TYPE_BF16, GGML_TYPE_F16, 4, 8, 3));
+        // ids.ne0 % b.ne1.
+        assert!(!ok(GGML_TYPE_F32, GGML_TYPE_F32, 3, 8, 3));
+        assert!(!ok(9, GGML_TYPE_F32, 4, 8, 3)); // q8_1: no vec_dot
+        // 2^20 experts x 4 x 2^13 tokens: a 256 GiB row map.
+        let a = packed(GGML_TYPE_F32, [1, 1, 1 << 20, 1]);
+        let b = packed(GGML_TYPE_F32, [1, 4, 1 << 13, 1]);
+        let ids = packed(GGML_TYPE_I32, [4, 1 << 13, 1, 1]);
+        let r = node(GGML_TYPE_F32, [1, 4, 1 << 13, 1], OP_MUL_MAT_ID);
+        assert!(!run(&r, &[&a, &b, &ids]));
+    }
+
+    #[test]
+    fn add_id_shapes() {
+        let a = packed(GGML_TYPE_F32, [32, 4, 3, 1]);
+        let b = packed(GGML_TYPE_F32, [32, 8, 1, 1]);
+        let ids = packed(GGML_TYPE_I32, [4, 3, 1, 1]);
+        let r = node(GGML_TYPE_F32, [32, 4, 3, 1], OP_ADD_ID);
+        assert!(run(&r, &[&a, &b, &ids]));
+        let short_ids = packed(GGML_TYPE_I32, [4, 2, 1, 1]);
+        assert!(!run(&r, &[&a, &b, &short_ids]));
+        let f16 = packed(GGML_TYPE_F16, [32, 8, 1, 1]);
+        assert!(!run(&r, &[&a, &f16, &ids]));
+    }
+
+    #[test]
+    fn acc_and_set_views_end_inside_dst() {
+        let a = packed(GGML_TYPE_F32, [8, 4, 1, 1]);
+        let b = packed(GGML_TYPE_F32, [4, 2, 1, 1]);
+        let view = |op: u32, ty: u32, nb1: i32, offset: i32| {
+            let a = packed(ty, a.ne);
+            let b = packed(ty, b.ne);
+            let mut r = node(ty, [8, 4, 1, 1], op);
+            r.op_params[..4].copy_from_slice(&[nb1, 32 * 4, 32 * 4, offset]);
+            run(&r, &[&a, &b])
+        };
+        assert!(view(OP_ACC, GGML_TYPE_F32, 32, 0));
+        assert!(view(OP_SET, GGML_TYPE_I32, 32, 16));
+        // Last element starts at 16 + 4 * 3 + 96 = 124 < 128: ends at 128.
+        assert!(view(OP_SET, GGML_TYPE_F32, 96, 16));
+        // Starts at 125 (passes `<= nbytes`), ends past dst.
+        assert!(!view(OP_SET, GGML_TYPE_F32, 96, 17));
+        assert!(!view(OP_ACC, GGML_TYPE_F32, -32, 128));
+        assert!(!view(OP_ACC, GGML_TYPE_I32, 32, 0));
+        assert!(!view(OP_SET, GGML_TYPE_F16, 32, 0));
+    }
+
+    #[test]
+    fn reductions_sorts_and_shapes() {
+        let a = packed(GGML_TYPE_F32, [16, 4, 3, 1]);
+        assert!(run(&node(GGML_TYPE_F32, [1, 1, 1, 1], OP_SUM), &[&a]));
+        assert!(!run(&node(GGML_TYPE_F32, [2, 1, 1, 1], OP_SUM), &[&a]));
+        assert!(run(&node(GGML_TYPE_F32, [1, 4, 3, 1], OP_SUM_ROWS), &[&a]));
+        assert!(run(&node(GGML_TYPE_F32, [1, 4, 3, 1], OP_MEAN), &[&a]));
+        assert!(!run(&node(GGML_TYPE_F32, [1, 4, 2, 1], OP_MEAN), &[&a]));
+        let m = packed(GGML_TYPE_F32, [16, 4, 1, 1]);
+        assert!(run(&node(GGML_TYPE_I32, [4, 1, 1, 1], OP_ARGMAX), &[&m]));
+        assert!(!run(&node(GGML_TYPE_I32, [4, 1, 1, 1], OP_ARGMAX), &[&a]));
+        let mut sort = node(GGML_TYPE_I32, [16, 4, 3, 1], OP_ARGSORT);
+        assert!(run(&sort, &[&a]));
+        sort.op_params[0] = 2;
+        assert!(!run(&sort, &[&a]));
+        assert!(run(&node(GGML_TYPE_I32, [5, 4, 3, 1], OP_TOP_K), &[&a]));
+        assert!(!run(&node(GGML_TYPE_I32, [17, 4, 3, 1], OP_TOP_K), &[&a]));
+        // Rows walked as one run: dim 2 not packed after dim 1.
+        let mut gap = node(GGML_TYPE_I32, [16, 4, 3, 1], OP_ARGSORT);
+        gap.nb[2] *= 2;
+        gap.nb[3] *= 2;
+        assert!(!run(&gap, &[&a]));
+    }
+
+    #[test]
+    fn concat_repeat_pad_rules() {
+        let a = packed(GGML_TYPE_F32, [8, 4, 3, 1]);
+        let b = packed(GGML_TYPE_F32, [8, 2, 3, 1]);
+        let mut r = node(GGML_TYPE_F32, [8, 6, 3, 1], OP_CONCAT);
+        r.op_params[0] = 1;
+        assert!(run(&r, &[&a, &b]));
+        r.op_params[0] = 4;
+        assert!(!run(&r, &[&a, &b]));
+        r.op_params[0] = 0;
+        assert!(!run(&r, &[&a, &b]));
+        assert!(run(&node(GGML_TYPE_F32, [16, 8, 3, 2], OP_REPEAT), &[&a]));
+        assert!(!run(&node(GGML_TYPE_F32, [12, 8, 3, 2], OP_REPEAT), &[&a]));
+        let q = packed(8, [64, 2, 1, 1]);
+        assert!(!run(&node(8, [64, 4, 1, 1], OP_REPEAT), &[&q]));
+        let pad = |params: [i32; 9], ne: [u32; 4]| {
+            let mut r = node(GGML_TYPE_F32, ne, OP_PAD);
+            r.op_params[..9].copy_from_slice(&params);
+            run(&r, &[&a])
+        };
+        assert!(pad([1, 2, 0, 1, 0, 0, 0, 0, 0], [11, 5, 3, 1]));
+        assert!(pad([1, 2, 0, 1, 0, 0, 0, 0, 1], [11, 5, 3, 1]));
+        // Negative pads crop.
+        assert!(pad([-1, 4, 0, 1, 0, 0, 0, 0, 0], [11, 5, 3, 1]));
+        assert!(pad([-2, -1, 0, 0, 0, 0, 0, 0, 1], [5, 4, 3, 1]));
+        assert!(!pad([9, 0, 0, 0, 0, 0, 0, 0, 1], [17, 4, 3, 1]));
+        assert!(!pad([1, 2, 0, 1, 0, 0, 0, 0, 0], [12, 5, 3, 1]));
+    }
+
+    #[test]
+    fn element_wise_ops() {
+        let a = packed(GGML_TYPE_F16, [8, 4, 1, 1]);
+        assert!(run(&node(GGML_TYPE_F16, [8, 4, 1, 1], OP_SQR), &[&a]));
+        assert!(run(&node(GGML_TYPE_F32, [8, 4, 1, 1], OP_SQRT), &[&a]));
+        assert!(!run(&node(GGML_TYPE_BF16, [8, 4, 1, 1], OP_SQRT), &[&a]));
+        assert!(run(&node(GGML_TYPE_F16, [8, 4, 1, 1], OP_CLAMP), &[&a]));
+        let b = packed(GGML_TYPE_BF16, [8, 4, 1, 1]);
+        assert!(!run(&node(GGML_TYPE_BF16, [8, 4, 1, 1], OP_CLAMP), &[&b]));
+        let f = packed(GGML_TYPE_F32, [8, 4, 1, 1]);
+        let mut l2 = node(GGML_TYPE_F32, [8, 4, 1, 1], OP_L2_NORM);
+        assert!(run(&l2, &[&f]));
+        l2.op_params[0] = f32::NAN.to_bits() as i32;
+        assert!(!run(&l2, &[&f]));
+        let mut mask = node(GGML_TYPE_F32, [8, 4, 1, 1], OP_DIAG_MASK_INF);
+        mask.data = 4096;
+        assert!(run(&mask, &[&f]));
+        mask.op_params[0] = -1;
+        assert!(!run(&mask, &[&f]));
+        // dims 2, 3 walked by nb2: nb3 must follow.
+        let g = packed(GGML_TYPE_F32, [8, 4, 1, 3]);
+        let mut m = node(GGML_TYPE_F32, [8, 4, 1, 3], OP_DIAG_MASK_INF);
+        m.nb[2] = 1 << 20;
+        assert!(!run(&m, &[&g]));
     }
 }
