@@ -469,7 +469,7 @@ fn check_get_rows(ts: &[RpcTensor], n: usize, s: &[Option<usize>; MAX_SRC]) -> R
 /// src1->data)[i]`), so they must be I32 and contiguous (then the flat
 /// read and the strided range check see the same elements); each must be
 /// a row of the result (`row_bound`). The other shape rules are the op
-/// rules' (`op_shapes_train`).
+/// rules' (`op_shapes/train.rs`).
 fn check_get_rows_back_indices(ts: &[RpcTensor], s: &[Option<usize>; MAX_SRC]) -> Result<usize> {
     let rows = get(ts, s[1])?;
     if rows.ty != GGML_TYPE_I32 || !is_contiguous(rows) {
@@ -511,7 +511,7 @@ fn check_set_rows(ts: &[RpcTensor], n: usize, s: &[Option<usize>; MAX_SRC]) -> R
 
 /// ADD_ID / MUL_MAT_ID: src2 holds I32 expert ids, one per (slot, token)
 /// (ggml_add_id / ggml_mul_mat_id); the rest of the shape rules are the
-/// op rules' (`op_shapes_ext`).
+/// op rules' (`op_shapes/binary.rs`, `matmul.rs`).
 fn check_expert_ids(ts: &[RpcTensor], n: usize, s: &[Option<usize>; MAX_SRC]) -> Result<usize> {
     let ids = get(ts, s[2])?;
     if ids.ty != GGML_TYPE_I32 {
@@ -524,7 +524,7 @@ fn check_expert_ids(ts: &[RpcTensor], n: usize, s: &[Option<usize>; MAX_SRC]) ->
 
 /// SSM_SCAN: src6 holds I32 sequence ids, the states of src0 (its
 /// `ne[3]`) each sequence starts from (ggml_ssm_scan); the rest of the
-/// shape rules are the op rules' (`op_shapes_more`).
+/// shape rules are the op rules' (`op_shapes/recurrent.rs`).
 fn check_sequence_ids(ts: &[RpcTensor], s: &[Option<usize>; MAX_SRC]) -> Result<usize> {
     let ids = get(ts, s[6])?;
     if ids.ty != GGML_TYPE_I32 {

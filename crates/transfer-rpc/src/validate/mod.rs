@@ -5,11 +5,6 @@
 pub mod cpu_types;
 pub mod graph;
 pub mod op_shapes;
-pub mod op_shapes_ext;
-mod op_shapes_misc;
-mod op_shapes_more;
-mod op_shapes_train;
-mod op_shapes_vision;
 pub mod ops;
 pub mod tensor;
 pub mod types;

@@ -1,88 +1,21 @@
-//! Op rules for the backward and optimizer ops of issue 11's last part
-//! (what ggml's training graphs and test-backend-ops' gradient checks
-//! send): SILU_BACK, RMS_NORM_BACK, SOFT_MAX_BACK, REPEAT_BACK,
-//! CROSS_ENTROPY_LOSS, CROSS_ENTROPY_LOSS_BACK, OPT_STEP_ADAMW and
-//! OPT_STEP_SGD, IM2COL_BACK, POOL_2D_BACK, GET_ROWS_BACK (its indices are
-//! range-checked on every run like GET_ROWS', in `graph.rs`; ROPE_BACK
-//! runs ROPE's kernel and takes ROPE's rule in `op_shapes.rs`). As in
-//! `op_shapes.rs`, each rule is what the op's ggml-cpu kernel (ops.cpp of
-//! the vendored llama.cpp) asserts, aborts on, or needs to stay inside its
-//! tensors. The optimizer steps write into their sources (the weights and
-//! the moments), not into their result.
+//! Backward and optimizer ops (what ggml's training graphs and
+//! test-backend-ops' gradient checks send): SILU_BACK, RMS_NORM_BACK,
+//! SOFT_MAX_BACK, REPEAT_BACK, CROSS_ENTROPY_LOSS, CROSS_ENTROPY_LOSS_BACK,
+//! OPT_STEP_ADAMW and OPT_STEP_SGD, IM2COL_BACK, POOL_2D_BACK, GET_ROWS_BACK
+//! (its indices are range-checked on every run like GET_ROWS', in
+//! `graph.rs`; ROPE_BACK runs ROPE's kernel and takes ROPE's rule in
+//! `rope.rs`). The optimizer steps write into their sources (the weights
+//! and the moments), not into their result.
 
-use super::op_shapes::{
-    can_repeat, f32_param, flat_rows, flat_walk, is_contiguous, nelements, refuse, rows_contiguous,
-    same_type_flat_map, type_size,
-};
-use super::op_shapes_vision::{POOL_AVG, POOL_MAX, pool_output};
-use super::types::{GGML_TYPE_F16, GGML_TYPE_F32};
-use crate::error::Result;
-use crate::protocol::tensor::{MAX_SRC, RpcTensor};
-
-/// `GGML_OP_*` of the ops checked here.
-pub(super) const OP_REPEAT_BACK: u32 = 21;
-pub(super) const OP_SILU_BACK: u32 = 23;
-pub(super) const OP_RMS_NORM_BACK: u32 = 26;
-pub(super) const OP_GET_ROWS_BACK: u32 = 41;
-pub(super) const OP_SOFT_MAX_BACK: u32 = 47;
-pub(super) const OP_IM2COL_BACK: u32 = 53;
-pub(super) const OP_POOL_2D_BACK: u32 = 62;
-pub(super) const OP_CROSS_ENTROPY_LOSS: u32 = 96;
-pub(super) const OP_CROSS_ENTROPY_LOSS_BACK: u32 = 97;
-pub(super) const OP_OPT_STEP_ADAMW: u32 = 98;
-pub(super) const OP_OPT_STEP_SGD: u32 = 99;
-
-/// Longest CROSS_ENTROPY_LOSS row accepted: ggml_graph_plan gives each
-/// thread a row of `ne00` floats of work buffer (the log-softmax), sized
-/// from the row length alone and allocated with `new[]`, which aborts
-/// when it fails. 1M floats (4 MiB a thread) is four times the largest
-/// vocabulary in use.
-pub const MAX_CROSS_ENTROPY_ROW: u32 = 1 << 20;
-
-/// Checks one node of an op of this module; `None` for other ops.
-pub(super) fn check(r: &RpcTensor, s: &[Option<&RpcTensor>; MAX_SRC]) -> Option<Result<()>> {
-    let op = r.op;
-    let checked = match op {
-        OP_SILU_BACK | OP_RMS_NORM_BACK | OP_SOFT_MAX_BACK | OP_CROSS_ENTROPY_LOSS => {
-            match (s[0], s[1]) {
-                (Some(a), Some(b)) => match op {
-                    OP_SILU_BACK => check_silu_back(r, a, b),
-                    OP_RMS_NORM_BACK => check_rms_norm_back(r, a, b),
-                    OP_SOFT_MAX_BACK => check_soft_max_back(r, a, b),
-                    _ => check_cross_entropy_loss(r, a, b),
-                },
-                _ => refuse(op, "needs two sources"),
-            }
-        }
-        OP_REPEAT_BACK => match s[0] {
-            Some(a) => check_repeat_back(r, a),
-            None => refuse(op, "missing source 0"),
-        },
-        OP_CROSS_ENTROPY_LOSS_BACK => match (s[0], s[1], s[2]) {
-            (Some(g), Some(a), Some(b)) => check_cross_entropy_loss_back(r, g, a, b),
-            _ => refuse(op, "needs three sources"),
-        },
-        OP_OPT_STEP_ADAMW | OP_OPT_STEP_SGD => check_opt_step(r, s),
-        OP_GET_ROWS_BACK => match (s[0], s[1]) {
-            (Some(a), Some(b)) => check_get_rows_back(r, a, b),
-            _ => refuse(op, "needs two sources"),
-        },
-        OP_IM2COL_BACK | OP_POOL_2D_BACK => match (s[0], s[1]) {
-            (Some(a), Some(b)) if op == OP_IM2COL_BACK => check_im2col_back(r, a, b),
-            (Some(a), Some(b)) => check_pool_2d_back(r, a, b),
-            _ => refuse(op, "needs two sources"),
-        },
-        _ => return None,
-    };
-    Some(checked)
-}
+use super::common::*;
+use super::pool::pool_output;
 
 /// SILU_BACK (grad, x): `ggml_compute_forward_silu_back_{f32,f16}` by
 /// grad's type (GGML_ABORT on others); x and dst are read and written as
 /// that type. Row i1 < `ggml_nrows(x)` of each is `nc = x ne[0]` packed
 /// elements at `i1 * nb1`, one flat run (the kernel's asserts, compiled
 /// out, name ggml_is_contiguous_1 and equal shapes).
-fn check_silu_back(r: &RpcTensor, g: &RpcTensor, x: &RpcTensor) -> Result<()> {
+pub(super) fn check_silu_back(r: &RpcTensor, g: &RpcTensor, x: &RpcTensor) -> Result<()> {
     if !same_type_flat_map(r, g) || !same_type_flat_map(r, x) {
         return refuse(
             r.op,
@@ -97,7 +30,7 @@ fn check_silu_back(r: &RpcTensor, g: &RpcTensor, x: &RpcTensor) -> Result<()> {
 /// GGML_ASSERT: the three of one shape, nb00 = nb10 = 4; dst rows are
 /// written as `ne00` packed floats (nb0 = 4 too); rows by their strides.
 /// eps (op_params[0]) is a plain float.
-fn check_rms_norm_back(r: &RpcTensor, dz: &RpcTensor, x: &RpcTensor) -> Result<()> {
+pub(super) fn check_rms_norm_back(r: &RpcTensor, dz: &RpcTensor, x: &RpcTensor) -> Result<()> {
     let f32_rows = [r, dz, x]
         .iter()
         .all(|t| t.ty == GGML_TYPE_F32 && t.nb[0] == 4);
@@ -119,7 +52,7 @@ fn check_rms_norm_back(r: &RpcTensor, dz: &RpcTensor, x: &RpcTensor) -> Result<(
 /// (op_params[1]) = 0. Row i1 < `ggml_nrows` of each is read at `i1 *
 /// nb1` (one flat run: `ggml_is_contiguous` leaves nb1 free when ne1 =
 /// 1). scale (op_params[0]) is a plain float.
-fn check_soft_max_back(r: &RpcTensor, dy: &RpcTensor, y: &RpcTensor) -> Result<()> {
+pub(super) fn check_soft_max_back(r: &RpcTensor, dy: &RpcTensor, y: &RpcTensor) -> Result<()> {
     let op = r.op;
     let flat = [r, dy, y]
         .iter()
@@ -146,7 +79,7 @@ fn check_soft_max_back(r: &RpcTensor, dy: &RpcTensor, y: &RpcTensor) -> Result<(
 /// by dst's, zeroes dst (flat when contiguous, else row by row) and adds
 /// the source's blocks by their strides. An empty dst is never computed
 /// (ggml_compute_forward skips empty nodes).
-fn check_repeat_back(r: &RpcTensor, a: &RpcTensor) -> Result<()> {
+pub(super) fn check_repeat_back(r: &RpcTensor, a: &RpcTensor) -> Result<()> {
     if a.ty != GGML_TYPE_F32
         || r.ty != GGML_TYPE_F32
         || a.nb[0] != 4
@@ -163,7 +96,7 @@ fn check_repeat_back(r: &RpcTensor, a: &RpcTensor) -> Result<()> {
 /// with packed rows, one shape, dst an F32 scalar. Row i1 < `ggml_nrows`
 /// of each is read at `i1 * nb1` (one flat run). Each thread's log-softmax
 /// row lives in the work buffer (`MAX_CROSS_ENTROPY_ROW`).
-fn check_cross_entropy_loss(r: &RpcTensor, a: &RpcTensor, b: &RpcTensor) -> Result<()> {
+pub(super) fn check_cross_entropy_loss(r: &RpcTensor, a: &RpcTensor, b: &RpcTensor) -> Result<()> {
     let rows_ok = [a, b]
         .iter()
         .all(|t| t.ty == GGML_TYPE_F32 && rows_contiguous(t) && flat_walk(t));
@@ -190,7 +123,7 @@ fn check_cross_entropy_loss(r: &RpcTensor, a: &RpcTensor, b: &RpcTensor) -> Resu
 /// GGML_ASSERT: all four contiguous, logits, labels and dst of one shape.
 /// It reads `grad[0]` (a non-empty grad) and row i1 < `ggml_nrows` of the
 /// others at `i1 * nb1` (one flat run).
-fn check_cross_entropy_loss_back(
+pub(super) fn check_cross_entropy_loss_back(
     r: &RpcTensor,
     g: &RpcTensor,
     a: &RpcTensor,
@@ -225,7 +158,7 @@ fn check_cross_entropy_loss_back(
 /// written) as floats: all F32 with w's strides. The parameters are read
 /// as a packed float array from their data pointer (`ggml_get_data_f32`):
 /// contiguous F32. dst (ggml's view of w) is not touched.
-fn check_opt_step(r: &RpcTensor, s: &[Option<&RpcTensor>; MAX_SRC]) -> Result<()> {
+pub(super) fn check_opt_step(r: &RpcTensor, s: &[Option<&RpcTensor>; MAX_SRC]) -> Result<()> {
     let op = r.op;
     let (n_moving, n_params) = if op == OP_OPT_STEP_ADAMW {
         (4, 7)
@@ -266,7 +199,7 @@ fn check_opt_step(r: &RpcTensor, s: &[Option<&RpcTensor>; MAX_SRC]) -> Result<()
 /// im2col's shape [IC * KH * KW, OW, OH, N] (1D: [IC * KW, OW, N]). dst
 /// channel `ic` of image `n` is written at `n * ofs0 + ic * ofs1` (`int
 /// ofs0 = nb3 or nb2`, `ofs1 = nb2 or nb1`), its IH rows packed.
-fn check_im2col_back(r: &RpcTensor, g: &RpcTensor, k: &RpcTensor) -> Result<()> {
+pub(super) fn check_im2col_back(r: &RpcTensor, g: &RpcTensor, k: &RpcTensor) -> Result<()> {
     let op = r.op;
     let p = &r.op_params;
     let is_2d = p[6] == 1;
@@ -324,7 +257,7 @@ fn check_im2col_back(r: &RpcTensor, g: &RpcTensor, k: &RpcTensor) -> Result<()> 
 /// contiguous F32 gradient with dst's planes). Window positions are
 /// bounded by dst's rows and columns; the gradient is pool_2d's output of
 /// dst's shape (the window rules of POOL_2D).
-fn check_pool_2d_back(r: &RpcTensor, g: &RpcTensor, f: &RpcTensor) -> Result<()> {
+pub(super) fn check_pool_2d_back(r: &RpcTensor, g: &RpcTensor, f: &RpcTensor) -> Result<()> {
     let op = r.op;
     let p = &r.op_params;
     let plane = u64::from(r.ne[0]) * u64::from(r.ne[1]) * type_size(r.ty);
@@ -359,7 +292,7 @@ fn check_pool_2d_back(r: &RpcTensor, g: &RpcTensor, f: &RpcTensor) -> Result<()>
 /// rows in dim 1 (test-backend-ops sends grads with more rows than indices;
 /// ggml_get_rows_back itself checks no count). The indices (contiguous
 /// I32, each below dst's `ne[1]`) are checked in `graph.rs`, on every run.
-fn check_get_rows_back(r: &RpcTensor, g: &RpcTensor, rows: &RpcTensor) -> Result<()> {
+pub(super) fn check_get_rows_back(r: &RpcTensor, g: &RpcTensor, rows: &RpcTensor) -> Result<()> {
     if r.ty != GGML_TYPE_F32
         || !is_contiguous(r)
         || !matches!(g.ty, GGML_TYPE_F32 | GGML_TYPE_F16)
