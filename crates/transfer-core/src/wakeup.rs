@@ -38,8 +38,10 @@ impl EventFd {
     }
 }
 
-/// Blocks until one of `fds` is readable or `timeout` passes.
-pub(crate) fn wait_readable(fds: &[RawFd], timeout: Duration) {
+/// Blocks until one of `fds` is readable or `timeout` passes. Returns
+/// whether any of `fds[from..]` became readable (a NIC's descriptor, when
+/// `from` skips the submit eventfd).
+pub(crate) fn wait_readable(fds: &[RawFd], timeout: Duration, from: usize) -> bool {
     let mut pfds: Vec<libc::pollfd> = fds
         .iter()
         .map(|&fd| libc::pollfd {
@@ -52,5 +54,6 @@ pub(crate) fn wait_readable(fds: &[RawFd], timeout: Duration) {
         .unwrap_or(i32::MAX)
         .max(1);
     // SAFETY: pfds is a live array of pollfd of the given length.
-    let _ = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
+    let n = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
+    n > 0 && pfds.iter().skip(from).any(|p| p.revents != 0)
 }
