@@ -57,3 +57,28 @@ pub(crate) fn wait_readable(fds: &[RawFd], timeout: Duration, from: usize) -> bo
     let n = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
     n > 0 && pfds.iter().skip(from).any(|p| p.revents != 0)
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn readiness_counts_only_the_descriptors_from_the_given_index() {
+        let (submit, nic) = (EventFd::new().unwrap(), EventFd::new().unwrap());
+        let fds = [submit.raw(), nic.raw()];
+        let short = Duration::from_millis(1);
+        // Nothing readable: a timeout, no traffic.
+        assert!(!wait_readable(&fds, short, 1));
+        // Only the submit eventfd: woken, but not by a NIC.
+        submit.signal();
+        assert!(!wait_readable(&fds, short, 1));
+        assert!(wait_readable(&fds, short, 0));
+        submit.drain();
+        // The NIC's descriptor: traffic.
+        nic.signal();
+        assert!(wait_readable(&fds, short, 1));
+        nic.drain();
+        assert!(!wait_readable(&fds, short, 0));
+    }
+}
