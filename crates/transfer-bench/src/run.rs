@@ -39,21 +39,30 @@ pub fn drive(
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     pb.enable_steady_tick(std::time::Duration::from_millis(200));
-    let sweeps: [Sweep; 10] = [
-        sweeps::write_bandwidth,
-        sweeps::write_latency,
-        sweeps::imm_rate,
-        sweeps::paged,
-        sweeps::scatter,
-        sweeps::barrier,
-        sweeps::imm_pingpong,
-        sweeps::send_recv,
-        caller::caller_latency,
-        cpu_cost::cpu_per_op,
+    let sweeps: [(&str, Sweep); 10] = [
+        ("write_bw", sweeps::write_bandwidth),
+        ("write_lat", sweeps::write_latency),
+        ("imm_rate", sweeps::imm_rate),
+        ("paged", sweeps::paged),
+        ("scatter", sweeps::scatter),
+        ("barrier", sweeps::barrier),
+        ("imm_pingpong", sweeps::imm_pingpong),
+        ("send_recv", sweeps::send_recv),
+        ("caller", caller::caller_latency),
+        ("cpu", cpu_cost::cpu_per_op),
     ];
+    // TRANSFER_BENCH_SWEEPS=write_lat,caller,...: only those sweeps (profiling
+    // one path without the minutes of the others); unset: all of them.
+    let only = std::env::var("TRANSFER_BENCH_SWEEPS").ok();
+    let wanted = |name: &str| {
+        only.as_deref()
+            .is_none_or(|o| o.split(',').any(|w| w.trim() == name))
+    };
     let mut rows = Vec::new();
-    for s in sweeps {
-        rows.extend(s(&mut d, plan, &pb)?);
+    for (name, s) in sweeps {
+        if wanted(name) {
+            rows.extend(s(&mut d, plan, &pb)?);
+        }
     }
     pb.finish_and_clear();
     // On verbs, perftest's figures from this same session next to the engine's.

@@ -260,9 +260,10 @@ pub fn drive_sink<D: Domain>(domain: &mut D, policy: IdlePolicy, stop: &Arc<Atom
         };
         match domain.wait_fd() {
             Some(fd) => {
-                if domain.prepare_wait() {
-                    crate::wakeup::wait_readable(&[fd], sleep.block.min(STOP_CHECK));
-                } else {
+                // An arrival is activity, as in the engine's worker.
+                if !domain.prepare_wait()
+                    || crate::wakeup::wait_readable(&[fd], sleep.block.min(STOP_CHECK), 0)
+                {
                     idle.active();
                 }
             }

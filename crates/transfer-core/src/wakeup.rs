@@ -38,8 +38,10 @@ impl EventFd {
     }
 }
 
-/// Blocks until one of `fds` is readable or `timeout` passes.
-pub(crate) fn wait_readable(fds: &[RawFd], timeout: Duration) {
+/// Blocks until one of `fds` is readable or `timeout` passes. Returns
+/// whether any of `fds[from..]` became readable (a NIC's descriptor, when
+/// `from` skips the submit eventfd).
+pub(crate) fn wait_readable(fds: &[RawFd], timeout: Duration, from: usize) -> bool {
     let mut pfds: Vec<libc::pollfd> = fds
         .iter()
         .map(|&fd| libc::pollfd {
@@ -52,5 +54,31 @@ pub(crate) fn wait_readable(fds: &[RawFd], timeout: Duration) {
         .unwrap_or(i32::MAX)
         .max(1);
     // SAFETY: pfds is a live array of pollfd of the given length.
-    let _ = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
+    let n = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
+    n > 0 && pfds.iter().skip(from).any(|p| p.revents != 0)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn readiness_counts_only_the_descriptors_from_the_given_index() {
+        let (submit, nic) = (EventFd::new().unwrap(), EventFd::new().unwrap());
+        let fds = [submit.raw(), nic.raw()];
+        let short = Duration::from_millis(1);
+        // Nothing readable: a timeout, no traffic.
+        assert!(!wait_readable(&fds, short, 1));
+        // Only the submit eventfd: woken, but not by a NIC.
+        submit.signal();
+        assert!(!wait_readable(&fds, short, 1));
+        assert!(wait_readable(&fds, short, 0));
+        submit.drain();
+        // The NIC's descriptor: traffic.
+        nic.signal();
+        assert!(wait_readable(&fds, short, 1));
+        nic.drain();
+        assert!(!wait_readable(&fds, short, 0));
+    }
 }
