@@ -189,8 +189,12 @@ fn rpc_against_llama_cpp(llama: crate::llama_tree::Background) -> Result<(), Str
 /// (`cargo test -p transfer-verbs` and `-p transfer-rpc --features engine`,
 /// whose narrower feature sets recompiled transfer-core, -efa, -verbs, -rpc
 /// and the test binaries: see the commit message for the CPU seconds) and a
-/// release transfer-bench (every dependency again, optimised) for a smoke
-/// run that checks function, not speed.
+/// release transfer-bench (every dependency again, optimised: 252.6 CPU s
+/// here) for a smoke run that checks function, not speed. The debug
+/// bench's smoke run takes longer under emulation (~120 s of VM time
+/// against ~45 s, measured when the release build was chosen; 100.5 CPU s
+/// for a whole run.sh boot with only the smoke run, here) but far less
+/// than that build.
 pub fn verbs_vm() -> Result<(), String> {
     deps::ensure(&deps::VERBS_VM)?;
     deps::ensure(&bench_vm::PERFTEST)?;
