@@ -129,16 +129,23 @@ pub fn run_cli(args: &[String]) -> Result<(), String> {
 pub fn run_ci(server: &Path) -> Result<(), String> {
     let name = "llama.cpp test-backend-ops against transfer-rpc-server";
     let start = Instant::now();
-    for (ops, params) in CI_RUNS {
+    for (i, (ops, params)) in CI_RUNS.iter().enumerate() {
         eprintln!(
-            "==> {name}: -o {ops}{}",
+            "==> {name} (run {} of {}): -o {ops}{}",
+            i + 1,
+            CI_RUNS.len(),
             params.map(|p| format!(" -p {p}")).unwrap_or_default()
         );
-        let counts = run(server, Some(ops), params)?;
-        report(&counts, start.elapsed());
+        // Each run's own time (the build, if any, included), not the
+        // step's total so far.
+        let run_start = Instant::now();
+        let counts = run(server, Some(ops), *params)?;
+        report(&counts, run_start.elapsed());
         verdict(&counts).map_err(|e| format!("{name}: {e}"))?;
     }
-    eprintln!("==> {name}: ok ({:.1} s)", start.elapsed().as_secs_f64());
+    let secs = start.elapsed().as_secs_f64();
+    crate::step::record(name, secs, true);
+    eprintln!("==> {name}: ok ({secs:.1} s)");
     Ok(())
 }
 
@@ -185,6 +192,7 @@ pub fn run(server: &Path, ops: Option<&str>, params: Option<&str>) -> Result<Cou
     // The case order, from a listing that computes nothing. `support` mode
     // leaves out the fused cases (several nodes checked as one graph), so
     // those are not in it.
+    let listing_start = Instant::now();
     let listing = suite.run(&["support"], ops, params)?;
     if !listing.status_ok {
         return Err(format!(
@@ -206,8 +214,9 @@ pub fn run(server: &Path, ops: Option<&str>, params: Option<&str>) -> Result<Cou
     }
     let listed: HashSet<&str> = cases.iter().map(String::as_str).collect();
     eprintln!(
-        "==> test-backend-ops: {} cases listed (and the fused ones)",
-        cases.len()
+        "==> test-backend-ops: {} cases listed (and the fused ones) in {:.1} s",
+        cases.len(),
+        listing_start.elapsed().as_secs_f64()
     );
 
     let mut counts = Counts::default();
@@ -217,8 +226,10 @@ pub fn run(server: &Path, ops: Option<&str>, params: Option<&str>) -> Result<Cou
     let mut done = 0usize;
     let mut first = true;
     let mut aborted = false;
-    let started = Instant::now();
+    let mut batches = 0usize;
     while first || done < cases.len() {
+        let batch_start = Instant::now();
+        batches += 1;
         // The first run takes the filters as given (fused cases included);
         // after an abort the rest of the listing is named case by case.
         let batch: Vec<String> = if first {
@@ -255,11 +266,13 @@ pub fn run(server: &Path, ops: Option<&str>, params: Option<&str>) -> Result<Cou
             }
             last = Some(case);
         }
+        // This batch's own cases and time (one child process).
         eprintln!(
-            "  ... {} of {} listed cases run after {:.0} s",
+            "  batch {batches}: {} listed cases in {:.1} s ({} of {} done)",
+            done - done_before,
+            batch_start.elapsed().as_secs_f64(),
             done,
-            cases.len(),
-            started.elapsed().as_secs_f64()
+            cases.len()
         );
         if !out.signalled {
             // It ran to its end (a FAIL makes the exit status 1): every case

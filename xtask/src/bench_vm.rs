@@ -40,7 +40,7 @@ pub fn vm_bins(bench: &Path) -> Result<Vec<String>, String> {
 }
 
 /// `program`'s path on this host's PATH.
-fn find_program(program: &str) -> Result<PathBuf, String> {
+pub fn find_program(program: &str) -> Result<PathBuf, String> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
         .map(|dir| dir.join(program))

@@ -24,23 +24,8 @@ use std::process::Command;
 
 use crate::{llama_tree, step};
 
-/// The same as test.rs's transfer-rpc ggml step (its target directory and
-/// features), so the servers come out of that build.
-const RPC_FEATURES: &str = "upstream-rpc,engine";
-
 fn cargo() -> String {
     std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
-}
-
-fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR").map_or_else(
-        || {
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .parent()
-                .map_or_else(|| PathBuf::from("target"), |p| p.join("target"))
-        },
-        PathBuf::from,
-    )
 }
 
 /// llama-cpp-sys-2's cmake output with the static libraries the 0.26 host
@@ -112,21 +97,18 @@ pub fn run_ci() -> Result<(), String> {
         "ggml-cpu",
     ])?;
     let llama_src = llama_source(&bin)?;
-    let rpc_target = target_dir().join("rpc-upstream");
-    let mut build = Command::new(cargo());
-    build
-        .args([
-            "build",
-            "-p",
-            "transfer-rpc",
-            "--features",
-            RPC_FEATURES,
-            "--bins",
-        ])
-        .env("GGML_RPC", "ON")
-        .env("GGML_RPC_RDMA", "OFF")
-        .env("CARGO_TARGET_DIR", &rpc_target);
-    step::run("build transfer-rpc-server and -pipeline (ggml)", &mut build)?;
+    // The very build (same command, same environment) as the ggml step's
+    // before test-backend-ops, so cargo finds it fresh. This step used to
+    // build without GGML_NO_BACKTRACE: llama-cpp-sys-2's build script
+    // declares `rerun-if-env-changed` for every GGML_* variable present,
+    // so the missing one re-ran it (bindgen, cmake configure and install)
+    // and rebuilt llama-cpp-sys-2 and transfer-rpc a second time per run.
+    let server = crate::test::build_rpc_server()?;
+    let rpc_target = server
+        .parent()
+        .and_then(Path::parent)
+        .ok_or_else(|| format!("{} is not in <target>/debug", server.display()))?
+        .to_path_buf();
     let (sys_out, sys_src) = sys_build(&rpc_target)?;
     let llama_build = bin
         .parent()

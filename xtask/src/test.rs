@@ -26,6 +26,13 @@ const REQUIRE_VM: &str = "verbs";
 const REQUIRE_ENV: &str = "TRANSFER_REQUIRE";
 
 pub fn run(args: &[String]) -> Result<(), String> {
+    let start = std::time::Instant::now();
+    let result = run_steps(args);
+    step::print_summary(start);
+    result
+}
+
+fn run_steps(args: &[String]) -> Result<(), String> {
     let (mut ggml, mut vm, mut python) = (true, true, true);
     for a in args {
         match a.as_str() {
@@ -39,6 +46,15 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
     deps::ensure(&deps::RUNTIME)?;
     deps::ensure(&deps::FFI_HEADERS)?;
+    // The llama.cpp tree of the ggml step (its largest build) fills the
+    // CPU time the steps before it leave idle; joined before its first use.
+    let llama = if ggml {
+        deps::ensure(&deps::GGML_BUILD)?;
+        crate::llama_tree::prepare_tools()?;
+        Some(crate::llama_tree::start_background_build())
+    } else {
+        None
+    };
     step::cargo("rustfmt check", &["fmt", "--all", "--", "--check"])?;
     step::cargo(
         "clippy",
@@ -73,8 +89,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
     } else {
         eprintln!("==> skipped (--no-python): the Python package (crates/transfer-py)");
     }
-    if ggml {
-        rpc_against_llama_cpp()?;
+    if let Some(llama) = llama {
+        rpc_against_llama_cpp(llama)?;
     } else {
         eprintln!("==> skipped (--no-ggml): transfer-rpc against ggml and llama.cpp");
     }
@@ -134,7 +150,7 @@ pub fn build_rpc_server() -> Result<std::path::PathBuf, String> {
 /// transfer-rpc's compute backend and its tests against the real thing
 /// (ggml's RPC client and server, llama.cpp offloading a model to our
 /// server), then llama.cpp's own op suite against our server.
-fn rpc_against_llama_cpp() -> Result<(), String> {
+fn rpc_against_llama_cpp(llama: crate::llama_tree::Background) -> Result<(), String> {
     deps::ensure(&deps::GGML_BUILD)?;
     // The ggml-only code (compute backend, pipeline coordinator) is linted
     // here: the workspace clippy step does not build ggml.
@@ -157,6 +173,7 @@ fn rpc_against_llama_cpp() -> Result<(), String> {
         &mut rpc_cargo(&["test", "-p", "transfer-rpc", "--features", RPC_FEATURES]),
     )?;
     let server = build_rpc_server()?;
+    llama.join()?;
     backend_ops::run_ci(&server)?;
     // The ggml backend plugin loaded into unmodified llama.cpp programs
     // (the llama-cpp-python 0.3.36 tree) and into the ggml above.
@@ -165,13 +182,30 @@ fn rpc_against_llama_cpp() -> Result<(), String> {
 
 /// The verbs conformance suite, unchanged, on a real soft-RoCE stack: a
 /// qemu VM booting Debian's kernel with rdma_rxe (this kernel has no RDMA).
+///
+/// Everything it copies into the VM comes out of the tests step's build
+/// (`cargo test --workspace` with [`WORKSPACE_FEATURES`]): the test
+/// binaries and the debug transfer-bench. It used to build its own
+/// (`cargo test -p transfer-verbs` and `-p transfer-rpc --features engine`,
+/// whose narrower feature sets recompiled transfer-core, -efa, -verbs, -rpc
+/// and the test binaries: see the commit message for the CPU seconds) and a
+/// release transfer-bench (every dependency again, optimised: 252.6 CPU s
+/// here) for a smoke run that checks function, not speed. The debug
+/// bench's smoke run takes longer under emulation (~120 s of VM time
+/// against ~45 s, measured when the release build was chosen; 100.5 CPU s
+/// for a whole run.sh boot with only the smoke run, here) but far less
+/// than that build.
 pub fn verbs_vm() -> Result<(), String> {
     deps::ensure(&deps::VERBS_VM)?;
     deps::ensure(&bench_vm::PERFTEST)?;
-    // The bench's smoke run goes into the same VM boot, next to perftest.
-    // A release build (as `cargo xtask bench`'s): under emulation the debug
-    // build's run took ~120 s of VM time, the release one ~45 s.
-    let bench = bench_vm::build_bench(true)?;
+    let mut bins = workspace_test_binaries(&VM_TESTS)?;
+    let bench = bench_binary();
+    let bench = std::fs::canonicalize(&bench).map_err(|e| {
+        format!(
+            "{}: {e} (the tests step builds it; `cargo xtask test` runs that step first)",
+            bench.display()
+        )
+    })?;
     let mut cmd = std::process::Command::new("crates/transfer-verbs/vm/run.sh");
     // Under TCG on a busy 2-core machine the whole VM run took 91-145 s
     // here; the script's default 280 s limit leaves too little margin for
@@ -186,15 +220,17 @@ pub fn verbs_vm() -> Result<(), String> {
         _ => format!("{REQUIRE_ENV}={REQUIRE_VM}"),
     };
     cmd.env("VM_ENV", vm_env);
+    bins.push(bench);
+    for b in without_debug_info(&bins) {
+        cmd.arg("--bin").arg(b);
+    }
+    // The bench's smoke run goes into the same VM boot, next to perftest.
+    for program in bench_vm::PERFTEST_PROGRAMS {
+        cmd.arg("--bin").arg(bench_vm::find_program(program)?);
+    }
     // The transfer-rpc engine link runs there too, over the native verbs
     // backend: the pipeline's engine arm on RC QPs, not only on libfabric.
     // Only the cases that need no libfabric and no host binaries.
-    cmd.args([
-        "--build",
-        "--build-test",
-        "-p transfer-rpc --features engine --test engine_link",
-    ]);
-    cmd.args(bench_vm::vm_bins(&bench)?);
     cmd.arg("--").arg(format!(
         "conformance && verbs_device && verbs_device --ignored --exact drop_releases_every_kernel_object \
          && TRANSFER_RPC_TEST_ENGINE=ibverbs engine_link steps_land pipelined refusals lanes_unique \
@@ -205,6 +241,139 @@ pub fn verbs_vm() -> Result<(), String> {
         "transfer-verbs conformance, the transfer-rpc engine link and the bench's smoke run over soft-RoCE (qemu VM)",
         &mut cmd,
     )
+}
+
+/// Copies of `bins` without their DWARF sections (`objcopy
+/// --strip-debug`, symbols kept) under `<target>/vm-bins`, same file
+/// names: the debug builds are 148 MB (transfer-bench alone 69 MB), 31 MB
+/// without, which run.sh packs (gzip) into the initramfs and the emulated
+/// guest unpacks at boot. A binary objcopy cannot strip goes in as it is.
+fn without_debug_info(bins: &[PathBuf]) -> Vec<PathBuf> {
+    let target = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into());
+    let dir = Path::new(&target).join("vm-bins");
+    let _ = std::fs::remove_dir_all(&dir);
+    if let Err(e) = std::fs::create_dir_all(&dir) {
+        eprintln!(
+            "==> {}: {e}; the binaries go in with debug info",
+            dir.display()
+        );
+        return bins.to_vec();
+    }
+    bins.iter()
+        .map(|b| {
+            let Some(name) = b.file_name() else {
+                return b.clone();
+            };
+            let out = dir.join(name);
+            let stripped = Command::new("objcopy")
+                .arg("--strip-debug")
+                .arg(b)
+                .arg(&out)
+                .status()
+                .is_ok_and(|s| s.success());
+            if stripped {
+                out
+            } else {
+                eprintln!(
+                    "==> objcopy --strip-debug {} failed: it goes in with debug info",
+                    b.display()
+                );
+                b.clone()
+            }
+        })
+        .collect()
+}
+
+/// The test binaries the VM runs: (package, integration test target).
+const VM_TESTS: [(&str, &str); 3] = [
+    ("transfer-verbs", "conformance"),
+    ("transfer-verbs", "verbs_device"),
+    ("transfer-rpc", "engine_link"),
+];
+
+/// The executables of `tests` as the tests step builds them: `cargo test
+/// --workspace` with its features, `--no-run`, only those test targets (and
+/// transfer-bench's `launch`, which makes cargo build the transfer-bench
+/// binary the VM also runs). Features are resolved over the whole workspace
+/// whatever targets are named, so after the tests step every unit is fresh
+/// and nothing is compiled.
+fn workspace_test_binaries(tests: &[(&str, &str)]) -> Result<Vec<PathBuf>, String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(&cargo);
+    cmd.args([
+        "test",
+        "--workspace",
+        "--features",
+        WORKSPACE_FEATURES,
+        "--no-run",
+        "--message-format=json-render-diagnostics",
+    ])
+    .env(REQUIRE_ENV, REQUIRE_HOST);
+    for (_, t) in tests.iter().chain(&[("transfer-bench", "launch")]) {
+        cmd.args(["--test", t]);
+    }
+    eprintln!("==> test binaries for the VM: {}", step::describe(&cmd));
+    let start = std::time::Instant::now();
+    let out = cmd
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| format!("could not start `{}`: {e}", step::describe(&cmd)))?;
+    if !out.status.success() {
+        return Err(format!(
+            "`{}` failed ({})",
+            step::describe(&cmd),
+            out.status
+        ));
+    }
+    let found = test_executables(&String::from_utf8_lossy(&out.stdout));
+    let mut bins = Vec::new();
+    for (package, test) in tests {
+        let exe = found
+            .iter()
+            .find(|(p, t, _)| p == package && t == test)
+            .map(|(_, _, e)| e.clone())
+            .ok_or_else(|| format!("cargo built no test `{test}` of {package}"))?;
+        bins.push(exe);
+    }
+    let secs = start.elapsed().as_secs_f64();
+    step::record("test binaries for the VM", secs, true);
+    eprintln!("==> test binaries for the VM: ok ({secs:.1} s)");
+    Ok(bins)
+}
+
+/// `(package, test target, executable)` of every integration-test artifact
+/// in cargo's `--message-format=json` output. Std-only: the few fields
+/// are read from the one-line messages by name; a path with an escape in
+/// it is passed over (cargo writes our paths without any).
+fn test_executables(json: &str) -> Vec<(String, String, PathBuf)> {
+    fn string_after<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+        let rest = &line[line.find(key)? + key.len()..];
+        let value = &rest[..rest.find('"')?];
+        (!value.contains('\\')).then_some(value)
+    }
+    json.lines()
+        .filter(|l| l.contains("\"reason\":\"compiler-artifact\""))
+        .filter(|l| l.contains("\"kind\":[\"test\"]"))
+        .filter_map(|l| {
+            let exe = string_after(l, "\"executable\":\"")?;
+            let id = string_after(l, "\"package_id\":\"")?;
+            let target = &l[l.find("\"target\":{")?..];
+            let name = string_after(target, "\"name\":\"")?;
+            Some((package_name(id)?, name.to_string(), PathBuf::from(exe)))
+        })
+        .collect()
+}
+
+/// A package's name from its cargo package id: `path+file:///…/name#0.1.0`,
+/// `path+file:///…/dir#name@0.1.0` or the older `name 0.1.0 (path+…)`.
+fn package_name(id: &str) -> Option<String> {
+    if let Some((url, frag)) = id.split_once('#') {
+        return Some(match frag.split_once('@') {
+            Some((name, _)) => name.to_string(),
+            None => url.rsplit('/').next()?.to_string(),
+        });
+    }
+    id.split_whitespace().next().map(str::to_string)
 }
 
 /// What the Python package's step needs from the system: an interpreter
@@ -316,6 +485,11 @@ fn python_package() -> Result<(), String> {
         .status()
         .map_err(|e| format!("python package tests: could not start pytest: {e}"))?;
     let secs = start.elapsed().as_secs_f64();
+    step::record(
+        "python package tests (pytest)",
+        secs,
+        status.code() == Some(0),
+    );
     match status.code() {
         Some(0) => {
             eprintln!("==> python package tests: ok ({secs:.1} s)");
@@ -357,4 +531,44 @@ pub fn build_wheel(
         .map(|e| e.path())
         .find(|p| p.extension().is_some_and(|x| x == "whl"))
         .ok_or_else(|| format!("maturin left no wheel in {}", out.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_executables_are_read_from_cargo_json() {
+        let json = concat!(
+            r#"{"reason":"compiler-artifact","package_id":"path+file:///w/crates/transfer-verbs#0.1.0","manifest_path":"/w/crates/transfer-verbs/Cargo.toml","target":{"kind":["test"],"crate_types":["bin"],"name":"conformance","src_path":"/w/crates/transfer-verbs/tests/conformance.rs"},"profile":{},"features":[],"filenames":["/w/target/debug/deps/conformance-0a1b"],"executable":"/w/target/debug/deps/conformance-0a1b","fresh":true}"#,
+            "\n",
+            r#"{"reason":"compiler-artifact","package_id":"path+file:///w/crates/rpc#transfer-rpc@0.1.0","target":{"kind":["test"],"name":"engine_link"},"executable":"/w/target/debug/deps/engine_link-ff","fresh":true}"#,
+            "\n",
+            r#"{"reason":"compiler-artifact","package_id":"path+file:///w/crates/transfer-bench#0.1.0","target":{"kind":["bin"],"name":"transfer-bench"},"executable":"/w/target/debug/transfer-bench","fresh":true}"#,
+            "\n",
+            r#"{"reason":"compiler-artifact","package_id":"transfer-core 0.1.0 (path+file:///w/crates/transfer-core)","target":{"kind":["test"],"name":"teardown"},"executable":null,"fresh":true}"#,
+            "\n",
+            r#"{"reason":"build-finished","success":true}"#,
+        );
+        let got = test_executables(json);
+        assert_eq!(
+            got,
+            vec![
+                (
+                    "transfer-verbs".to_string(),
+                    "conformance".to_string(),
+                    PathBuf::from("/w/target/debug/deps/conformance-0a1b")
+                ),
+                (
+                    "transfer-rpc".to_string(),
+                    "engine_link".to_string(),
+                    PathBuf::from("/w/target/debug/deps/engine_link-ff")
+                ),
+            ]
+        );
+        assert_eq!(
+            package_name("transfer-core 0.1.0 (path+file:///w)").as_deref(),
+            Some("transfer-core")
+        );
+    }
 }
