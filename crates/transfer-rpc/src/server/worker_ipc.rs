@@ -7,7 +7,7 @@
 //! |---|---|---|
 //! | 1 MAP | server → worker | `handle u64 \| base u64 \| size u64` + memfd |
 //! | 2 UNMAP | server → worker | `handle u64` |
-//! | 3 COMPUTE | server → worker | `key u64 \|` GRAPH_COMPUTE payload (wire format) |
+//! | 3 COMPUTE | server → worker | `key u64 \|` the validated graph ([`super::worker_graph`]) |
 //! | 4 RESULT | worker → server | `code u8 \| reason bytes` ([`RESULT_OK`], [`RESULT_ERROR`], [`RESULT_NOT_HELD`]) |
 //! | 5 RUN | server → worker | `key u64`: run the graph kept under `key` again |
 //!
