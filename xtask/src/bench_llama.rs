@@ -255,15 +255,21 @@ pub fn run(args: &[String]) -> Result<(), String> {
         }
         // test -> [stock samples, ours samples]
         let mut got: BTreeMap<String, [Vec<f64>; 2]> = BTreeMap::new();
-        for _ in 0..a.rounds {
+        let label = threads.map_or("default".to_string(), |t| t.to_string());
+        for round in 0..a.rounds {
+            // Each round's figures and the load average it ran at, so that
+            // a low round can be told apart from a slow server.
+            let mut line = format!("  {label} round {round}:");
             for (side, ep) in eps.iter().enumerate() {
+                line.push_str(if side == 0 { " stock" } else { " | ours" });
                 for (test, v) in llama_bench(&a.llama_bin, &model, &ep.join(","), threads)? {
+                    line.push_str(&format!(" {test} {v:.1}"));
                     got.entry(test).or_default()[side].push(v);
                 }
             }
+            println!("{line} | load {}", load_average());
         }
         drop(children);
-        let label = threads.map_or("default".to_string(), |t| t.to_string());
         for (test, [s, o]) in &got {
             let med = |v: &[f64]| {
                 let mut v = v.to_vec();
@@ -278,6 +284,14 @@ pub fn run(args: &[String]) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// The 1-minute load average (`/proc/loadavg`), or `?`.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_string))
+        .unwrap_or_else(|| "?".into())
 }
 
 /// The (test, tokens/s) rows of llama-bench's `-o csv` output: `ppN` for a

@@ -10,6 +10,25 @@ use crate::error::{Result, RpcError};
 /// Most bytes reserved ahead of the data that has actually arrived.
 const CHUNK: usize = 8 << 20;
 
+/// `n` zero bytes, or `None` when they cannot be allocated. Zeroed with
+/// one `memset`: `Vec::resize(n, 0)` is a generic byte loop, and in the
+/// dev profile (CI's builds, `cargo xtask bench llama-rpc --dev`) an
+/// unoptimised copy of it ends up in this crate even when the crate itself
+/// is optimised (perf, llama-bench pp64 through our server built with
+/// `--dev`: 3 % of all samples in `Vec::extend_with` under the session
+/// threads, as much CPU as a third of the graph compute).
+pub fn zeroed(n: usize) -> Option<Vec<u8>> {
+    let mut out: Vec<u8> = Vec::new();
+    out.try_reserve_exact(n).ok()?;
+    // SAFETY: the reservation above makes room for `n` bytes; they are all
+    // written (zeroed) before the length covers them.
+    unsafe {
+        std::ptr::write_bytes(out.as_mut_ptr(), 0, n);
+        out.set_len(n);
+    }
+    Some(out)
+}
+
 /// Reads exactly `size` bytes. Memory is reserved chunk by chunk as data
 /// arrives, with fallible reservation: a peer that declares a large size
 /// and sends little costs little, and an allocation failure is an error,
@@ -21,7 +40,12 @@ pub fn read_payload(r: &mut impl Read, size: usize, call: &'static str) -> Resul
         out.try_reserve_exact(want)
             .map_err(|_| RpcError::refused(call, format!("cannot allocate {size} bytes")))?;
         let start = out.len();
-        out.resize(start + want, 0);
+        // SAFETY: `want` bytes were reserved past `start`; they are zeroed
+        // before the length covers them (one memset, see [`zeroed`]).
+        unsafe {
+            std::ptr::write_bytes(out.as_mut_ptr().add(start), 0, want);
+            out.set_len(start + want);
+        }
         if let Err(e) = r.read_exact(&mut out[start..]) {
             return Err(RpcError::io(call, e));
         }

@@ -1,7 +1,8 @@
 //! The compute worker process (`transfer-rpc-compute`): the other end of
 //! [`super::isolated`]. It mirrors the server's buffers it is handed
-//! (same handles and bases, mapped from their memfds), validates each
-//! graph again against that view, and runs it on ggml-cpu. It trusts its
+//! (same handles and bases, mapped from their memfds), checks each graph
+//! the server validated against that view (every tensor inside a mapped
+//! buffer: [`super::worker_graph`]), and runs it on ggml-cpu. It trusts its
 //! server and nothing else reaches it; if a kernel crashes it, the server
 //! reports the error to the session that sent the graph and starts another.
 
@@ -11,13 +12,13 @@ use super::GgmlCpuBackend;
 use super::compute::{ComputeBackend, KeyedCache};
 use super::host_memory::HostMemory;
 use super::registry::BufferRegistry;
+use super::worker_graph;
 use super::worker_ipc::{
     RESULT_ERROR, RESULT_NOT_HELD, RESULT_OK, Receiver, TAG_COMPUTE, TAG_MAP, TAG_RESULT, TAG_RUN,
     TAG_UNMAP, send, u64_at,
 };
 use crate::error::{Result, RpcError};
-use crate::protocol::GraphPayload;
-use crate::validate::{GraphLimits, ValidatedGraph, validate_graph};
+use crate::validate::{GraphLimits, ValidatedGraph};
 
 /// Environment variable that arms [`CRASH_MARKER`] (tests only).
 pub const CRASH_ENV: &str = "TRANSFER_RPC_TEST_CRASH";
@@ -48,16 +49,25 @@ struct Worker<'a> {
 }
 
 impl Worker<'_> {
-    /// COMPUTE: `key u64 | payload`.
+    /// COMPUTE: `key u64 |` the validated graph ([`worker_graph`]).
     fn compute(&mut self, body: &[u8]) -> Result<()> {
         let key = u64_at(body, 0)
             .ok_or_else(|| RpcError::malformed("compute worker: COMPUTE", "short"))?;
-        let g = GraphPayload::decode(body.get(8..).unwrap_or_default())?;
-        if self.crash_armed && g.tensors.iter().any(|t| t.name.starts_with(CRASH_MARKER)) {
+        let removals = self.registry.removals();
+        let graph = worker_graph::decode(
+            body.get(8..).unwrap_or_default(),
+            self.devices,
+            self.registry,
+            self.limits,
+        )?;
+        if self.crash_armed
+            && graph
+                .tensors
+                .iter()
+                .any(|t| t.name.starts_with(CRASH_MARKER))
+        {
             std::process::abort();
         }
-        let removals = self.registry.removals();
-        let graph = validate_graph(g, self.devices, self.registry, self.limits)?;
         self.backend.compute_keyed(&graph, self.registry, key)?;
         if key != 0 {
             let n = graph.tensors.len();

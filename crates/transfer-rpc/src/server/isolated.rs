@@ -9,13 +9,15 @@
 //! (handed over once, SCM_RIGHTS) and keeps them mapped until they are
 //! freed, so no bytes are copied for a compute. The server validates the
 //! graph, write-locks its buffers, sends the graph, and waits for the
-//! answer; the worker validates again against its own view and runs it on
-//! ggml-cpu. The worker keeps the graphs it validated (bounded, by the
+//! answer; the worker checks every tensor of the validated graph against
+//! its own mappings (not the whole graph again: [`super::worker_graph`])
+//! and runs it on ggml-cpu. The worker keeps the graphs it checked (bounded, by the
 //! key of the session's stored graph): GRAPH_RECOMPUTE sends only the key,
 //! and the worker reruns its validated graph and its ggml tensors, with
 //! the index checks done again (upstream's RECOMPUTE reuses its graph the
 //! same way; each RECOMPUTE re-encoded, re-sent and re-validated the graph
-//! before: ~1 ms for a 300-node graph, see `tests/graph_overhead.rs`). If the worker dies (abort, fault) or overruns the compute
+//! before: ~1 ms for a 300-node graph, see `tests/graph_overhead.rs`).
+//! If the worker dies (abort, fault) or overruns the compute
 //! timeout, it is killed and reaped, the session that sent the graph gets
 //! an error (its connection closes, as for any refused graph), and the
 //! next graph starts a fresh worker. Computes on one device are serialised
@@ -38,12 +40,12 @@ use std::time::Duration;
 
 use super::compute::{ComputeBackend, PREPARED_GRAPHS};
 use super::registry::{Buffer, BufferRegistry};
+use super::worker_graph;
 use super::worker_ipc::{
     RESULT_NOT_HELD, RESULT_OK, Receiver, TAG_COMPUTE, TAG_MAP, TAG_RESULT, TAG_RUN, TAG_UNMAP,
     send,
 };
 use crate::error::{Result, RpcError};
-use crate::protocol::GraphPayload;
 use crate::validate::{GraphLimits, ValidatedGraph};
 
 const CALL: &str = "GRAPH_COMPUTE (worker)";
@@ -254,23 +256,16 @@ impl Worker {
         Ok(done)
     }
 
-    /// COMPUTE: the whole graph, validated again and kept by the worker.
+    /// COMPUTE: the whole graph as validated ([`worker_graph`]: the worker
+    /// checks its tensors against its mappings, not the graph again), kept
+    /// by the worker.
     fn send_graph(
         &mut self,
         graph: &ValidatedGraph,
         key: u64,
     ) -> std::io::Result<std::result::Result<(), String>> {
-        let payload = GraphPayload {
-            device: graph.device,
-            nodes: graph
-                .nodes
-                .iter()
-                .filter_map(|&i| graph.tensors.get(i).map(|t| t.id))
-                .collect(),
-            tensors: graph.tensors.clone(),
-        };
         let mut body = key.to_le_bytes().to_vec();
-        body.extend_from_slice(&payload.encode());
+        worker_graph::encode(graph, &mut body);
         self.request(TAG_COMPUTE, &body)?
             .ok_or_else(|| std::io::Error::other("the worker did not run a COMPUTE"))
     }

@@ -26,6 +26,7 @@ pub mod isolated;
 pub mod peer;
 pub mod registry;
 pub mod session;
+pub mod worker_graph;
 pub mod worker_ipc;
 
 use std::collections::HashMap;

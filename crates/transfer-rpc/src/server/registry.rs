@@ -400,10 +400,8 @@ impl BufferRegistry {
     ) -> Result<Vec<u8>> {
         let buf = self.buffer(call, handle)?;
         let (s, e) = range(call, &buf, offset, len)?;
-        let mut out = Vec::new();
-        out.try_reserve_exact(e - s)
-            .map_err(|_| RpcError::refused(call, format!("cannot allocate {} bytes", e - s)))?;
-        out.resize(e - s, 0);
+        let mut out = crate::io::zeroed(e - s)
+            .ok_or_else(|| RpcError::refused(call, format!("cannot allocate {} bytes", e - s)))?;
         let mem = buf.data.read().unwrap_or_else(PoisonError::into_inner);
         if mem.copy_out(s, &mut out) {
             Ok(out)

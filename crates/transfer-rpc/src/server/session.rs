@@ -300,10 +300,8 @@ impl Session {
             .min(STREAM_CHUNK)
             .min(usize::try_from(self.shared.budget.per_address()).unwrap_or(usize::MAX));
         let _held = self.reserve(CALL, chunk as u64, until)?;
-        let mut buf = Vec::new();
-        buf.try_reserve_exact(chunk)
-            .map_err(|_| RpcError::refused(CALL, format!("cannot allocate {chunk} bytes")))?;
-        buf.resize(chunk, 0);
+        let mut buf = crate::io::zeroed(chunk)
+            .ok_or_else(|| RpcError::refused(CALL, format!("cannot allocate {chunk} bytes")))?;
         let mut cache = match (&self.shared.cache, cache_flag != 0) {
             (Some(cache), true) => cache.writer(len as u64),
             _ => None,

@@ -7,7 +7,7 @@
 //! |---|---|---|
 //! | 1 MAP | server → worker | `handle u64 \| base u64 \| size u64` + memfd |
 //! | 2 UNMAP | server → worker | `handle u64` |
-//! | 3 COMPUTE | server → worker | `key u64 \|` GRAPH_COMPUTE payload (wire format) |
+//! | 3 COMPUTE | server → worker | `key u64 \|` the validated graph ([`super::worker_graph`]) |
 //! | 4 RESULT | worker → server | `code u8 \| reason bytes` ([`RESULT_OK`], [`RESULT_ERROR`], [`RESULT_NOT_HELD`]) |
 //! | 5 RUN | server → worker | `key u64`: run the graph kept under `key` again |
 //!
@@ -162,22 +162,20 @@ impl Receiver {
     /// The next message: its tag and body.
     pub fn recv(&mut self, sock: BorrowedFd<'_>) -> io::Result<(u8, Vec<u8>)> {
         let raw = sock.as_raw_fd();
-        let mut head = [0u8; 4];
+        // Length and tag together: the body then needs no shifting.
+        let mut head = [0u8; 5];
         self.recv_exact(raw, &mut head)?;
-        let len = u32::from_le_bytes(head) as usize;
+        let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
         if len == 0 || len > MAX_MESSAGE {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 "bad message length",
             ));
         }
-        let mut body = Vec::new();
-        body.try_reserve_exact(len)
-            .map_err(|_| io::Error::new(io::ErrorKind::OutOfMemory, "message"))?;
-        body.resize(len, 0);
+        let mut body = crate::io::zeroed(len - 1)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::OutOfMemory, "message"))?;
         self.recv_exact(raw, &mut body)?;
-        let tag = body.remove(0);
-        Ok((tag, body))
+        Ok((head[4], body))
     }
 
     /// The oldest descriptor received and not yet taken.
