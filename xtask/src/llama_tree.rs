@@ -30,8 +30,12 @@ const ARCHIVE_ROOT: &str = "llama_cpp_python-0.3.36";
 /// the compile time), tests on (test-backend-ops), no network libraries.
 /// The optional parts no step runs (examples, the unified `llama` app, the
 /// standalone mtmd library) are off: that only saves configure time, as
-/// every build names its targets. [`OPT_LEVELS`] sets the optimisation.
-pub const CMAKE_OPTIONS: [&str; 15] = [
+/// every build names its targets. The server's web UI is not fetched:
+/// with `LLAMA_USE_PREBUILT_UI` on (upstream's default) building
+/// llama-server downloads assets from huggingface.co, and this machine (like
+/// CI) may reach package registries only; the tests use its HTTP API, not
+/// the UI. [`OPT_LEVELS`] sets the optimisation.
+pub const CMAKE_OPTIONS: [&str; 16] = [
     "-DCMAKE_BUILD_TYPE=Release",
     "-DGGML_BACKEND_DL=ON",
     "-DGGML_RPC=ON",
@@ -47,6 +51,7 @@ pub const CMAKE_OPTIONS: [&str; 15] = [
     "-DLLAMA_BUILD_EXAMPLES=OFF",
     "-DLLAMA_BUILD_APP=OFF",
     "-DLLAMA_BUILD_MTMD=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
 ];
 
 /// A CMake file run after every `project()` of the tree
