@@ -110,10 +110,20 @@ pub fn bench_binary() -> std::path::PathBuf {
 }
 
 /// The target directory of the ggml step: GGML_* options reach cmake only
-/// in a fresh build directory, so this build has its own.
+/// in a fresh build directory, so this build has its own. Absolute: the
+/// paths under it are handed to tests, which run in their crate's folder
+/// (a relative `target/rpc-upstream/...` made the plugin's host tests miss
+/// the server and ggml's static libraries).
 fn rpc_target_dir() -> std::path::PathBuf {
-    let target = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into());
-    std::path::Path::new(&target).join("rpc-upstream")
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = root.parent().unwrap_or(root);
+    let target = match std::env::var_os("CARGO_TARGET_DIR") {
+        // cargo reads a relative CARGO_TARGET_DIR from the current folder.
+        Some(t) => std::env::current_dir()
+            .map_or_else(|_| std::path::PathBuf::from(&t), |cwd| cwd.join(&t)),
+        None => root.join("target"),
+    };
+    target.join("rpc-upstream")
 }
 
 /// `cargo <args>` with the ggml step's environment.
