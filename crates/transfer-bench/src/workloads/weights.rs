@@ -23,8 +23,9 @@ use crate::workloads::unit_io::{check_unit, write_unit};
 
 /// Why our row is not literally the spec's notification (for the record's note).
 pub const NOTE: &str = "ours: the pair's immediate rides on each of the trainer's tensor writes \
-     and the inference rank counts them (libfabric writes are unordered, so a trailing \
-     zero-byte immediate would not prove earlier writes landed)";
+     and the inference rank counts them (a trailing zero-byte immediate in a later submit call \
+     would not prove the earlier writes landed: tcp and shm order an immediate only after the \
+     writes of its own call, EFA not at all)";
 
 struct Weights {
     p: WeightsParams,
