@@ -843,10 +843,10 @@ fn check_transport(bin: &Path, t: &Transport, dir: &Path, version: &str) -> Resu
     Ok(())
 }
 
-/// Our bench as a two-rank mpirun job: rank 0 drives, rank 1 serves
-/// (`transfer-bench launch` reads OMPI_COMM_WORLD_*; one host, so the
-/// rendezvous is 127.0.0.1 on a port derived from the job id).
-pub fn launch_command(bench: &Path, out: &Path, root: bool) -> Vec<String> {
+/// `mpirun` running `bench` as a two-rank job on this host (loopback
+/// out-of-band channel), killed after `timeout_s`; `root` adds the flag
+/// Open MPI needs to run as root.
+fn two_rank_mpirun(bench: &Path, root: bool, timeout_s: u32) -> Vec<String> {
     let mut v: Vec<String> = vec!["mpirun".into()];
     if root {
         v.push("--allow-run-as-root".into());
@@ -860,7 +860,7 @@ pub fn launch_command(bench: &Path, out: &Path, root: bool) -> Vec<String> {
             "--bind-to",
             "none",
             "--timeout",
-            "300",
+            &timeout_s.to_string(),
             "-np",
             "2",
             "--mca",
@@ -871,6 +871,14 @@ pub fn launch_command(bench: &Path, out: &Path, root: bool) -> Vec<String> {
         .map(|s| s.to_string()),
     );
     v.push(bench.display().to_string());
+    v
+}
+
+/// Our bench as a two-rank mpirun job: rank 0 drives, rank 1 serves
+/// (`transfer-bench launch` reads OMPI_COMM_WORLD_*; one host, so the
+/// rendezvous is 127.0.0.1 on a port derived from the job id).
+pub fn launch_command(bench: &Path, out: &Path, root: bool) -> Vec<String> {
+    let mut v = two_rank_mpirun(bench, root, 300);
     v.extend(
         [
             "launch",
@@ -899,29 +907,7 @@ pub fn launch_command(bench: &Path, out: &Path, root: bool) -> Vec<String> {
 /// against 12.5 s for `--quick --repeats 1`, whose memcpy bound and byte
 /// checks of 16 MiB per iteration dominate. The bytes are checked either way.
 pub fn workloads_launch_command(bench: &Path, out_dir: &Path, root: bool) -> Vec<String> {
-    let mut v: Vec<String> = vec!["mpirun".into()];
-    if root {
-        v.push("--allow-run-as-root".into());
-    }
-    v.extend(
-        [
-            "--oversubscribe",
-            // As for `launch`: pinned, the engine's progress and its caller
-            // share one core.
-            "--bind-to",
-            "none",
-            "--timeout",
-            "120",
-            "-np",
-            "2",
-            "--mca",
-            "oob_tcp_if_include",
-            "lo",
-        ]
-        .iter()
-        .map(|s| s.to_string()),
-    );
-    v.push(bench.display().to_string());
+    let mut v = two_rank_mpirun(bench, root, 120);
     v.extend(
         [
             "workloads",
