@@ -125,6 +125,12 @@ pub const CI_TARGETS: [&str; 6] = [
 /// [`start_background_build`] needs from the system.
 pub fn prepare_tools() -> Result<(), String> {
     deps::ensure(&BUILD_TOOLS)?;
+    python_with_pip().map(drop)
+}
+
+/// `$PYTHON` (default python3), with pip installed when missing: the
+/// archive is fetched with `pip download`.
+fn python_with_pip() -> Result<String, String> {
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
     let has_pip = Command::new(&python)
         .args(["-m", "pip", "--version"])
@@ -133,7 +139,7 @@ pub fn prepare_tools() -> Result<(), String> {
     if !has_pip {
         deps::ensure(&PIP)?;
     }
-    Ok(())
+    Ok(python)
 }
 
 /// The llama.cpp tree (download, extraction, configure, then
@@ -336,14 +342,7 @@ fn ensure_archive(root: &Path) -> Result<PathBuf, String> {
         return Ok(archive);
     }
     let _ = std::fs::remove_file(&archive);
-    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
-    let has_pip = Command::new(&python)
-        .args(["-m", "pip", "--version"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !has_pip {
-        deps::ensure(&PIP)?;
-    }
+    let python = python_with_pip()?;
     // `--no-binary :all:`: the source archive, never a wheel; `--no-deps`:
     // only this one file.
     step::run(
