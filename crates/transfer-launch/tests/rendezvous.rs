@@ -59,6 +59,17 @@ fn blob(r: usize) -> Vec<u8> {
     format!("blob of rank {r}").into_bytes()
 }
 
+/// Waits (10 s at most) until a joiner thread has its answer: the tests
+/// that expect a refusal start the ranks that complete the world only
+/// after it, so rank 0 cannot finish before reading the refused hello.
+fn wait_finished<T>(h: &thread::JoinHandle<T>) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !h.is_finished() {
+        assert!(Instant::now() < deadline, "the joiner got no answer");
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
 fn spawn_rank(
     ep: &Endpoint,
     token: &'static str,
@@ -125,18 +136,23 @@ fn connect_gives_up_at_the_deadline() {
 #[test]
 fn a_duplicate_rank_is_refused_and_the_first_kept() {
     let (l, ep) = listener();
+    let rank0 = thread::spawn(move || gather(&l, "t", 3, &blob(0), None, &opts(10.0)));
     let first = spawn_rank(&ep, "t", 3, 1, 10.0);
-    thread::sleep(Duration::from_millis(200));
     let dup = spawn_rank(&ep, "t", 3, 1, 10.0);
-    thread::sleep(Duration::from_millis(200));
+    // Rank 2 starts only once rank 0 has refused one of the two rank-1
+    // joiners: started earlier, it can complete the world before rank 0
+    // reads the duplicate's hello, which is then closed unanswered (CI saw
+    // both that and the later thread's hello read first under load).
+    // Rank 0 keeps whichever rank-1 hello it read first, so the test
+    // asserts the property, not the order.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !first.is_finished() && !dup.is_finished() {
+        assert!(Instant::now() < deadline, "no rank-1 joiner was refused");
+        thread::sleep(Duration::from_millis(10));
+    }
     let last = spawn_rank(&ep, "t", 3, 2, 10.0);
-    let all = gather(&l, "t", 3, &blob(0), None, &opts(10.0)).unwrap();
+    let all = rank0.join().unwrap().unwrap();
     assert_eq!(last.join().unwrap().unwrap(), all);
-    // Rank 0 keeps whichever rank-1 hello it read first; on a loaded
-    // machine the sleeps above do not fix which thread connects first
-    // (CI once saw the later thread win), so the test asserts the
-    // property, not the order: exactly one joiner got the list, the other
-    // was refused as a duplicate.
     let outcomes = [first.join().unwrap(), dup.join().unwrap()];
     let kept = outcomes
         .iter()
@@ -153,10 +169,13 @@ fn a_duplicate_rank_is_refused_and_the_first_kept() {
 #[test]
 fn another_jobs_rank_is_refused_without_disturbing_this_job() {
     let (l, ep) = listener();
+    let rank0 = thread::spawn(move || gather(&l, "ours", 2, &blob(0), None, &opts(10.0)));
     let stranger = spawn_rank(&ep, "other-job", 2, 1, 10.0);
-    thread::sleep(Duration::from_millis(200));
+    // Our rank starts once the stranger has its answer: started earlier,
+    // it can complete the world before rank 0 reads the stranger's hello.
+    wait_finished(&stranger);
     let ours = spawn_rank(&ep, "ours", 2, 1, 10.0);
-    let all = gather(&l, "ours", 2, &blob(0), None, &opts(10.0)).unwrap();
+    let all = rank0.join().unwrap().unwrap();
     assert_eq!(ours.join().unwrap().unwrap(), all);
     let e = stranger.join().unwrap().unwrap_err();
     assert!(matches!(e, LaunchError::Refused(_)), "{e}");
@@ -179,9 +198,10 @@ fn out_of_range_ranks_are_refused() {
         };
         raw_hello(&addr, &h, None)
     });
-    thread::sleep(Duration::from_millis(200));
+    let rank0 = thread::spawn(move || gather(&l, "t", 2, &blob(0), None, &opts(10.0)));
+    wait_finished(&rogue);
     let ok = spawn_rank(&ep, "t", 2, 1, 10.0);
-    let all = gather(&l, "t", 2, &blob(0), None, &opts(10.0)).unwrap();
+    let all = rank0.join().unwrap().unwrap();
     assert_eq!(ok.join().unwrap().unwrap(), all);
     let Reply::Refused(why) = rogue.join().unwrap() else {
         panic!("rank 7 of 2 was accepted")
