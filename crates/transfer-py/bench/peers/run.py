@@ -7,6 +7,7 @@ receiver checks the bytes after every timed phase (a mismatch fails).
 
     python run.py [--repeats 3] [--quick] [--transports tcp,shm]
                   [--engines ours,ours-caller,mooncake,nixl,nixl-caller] [--no-kv] [--no-prims]
+                  [--rows bw,w8,echo,paged]
                   [--out-dir target/bench/peers] [--kv-out-dir target/bench/workloads]
 """
 
@@ -144,6 +145,7 @@ def prims(args: argparse.Namespace) -> None:
         "bw_total": (64 if args.quick else 256) * MiB,
         "lat_n": 100 if args.quick else 300,
         "paged_n": 20 if args.quick else 50,
+        "rows": args.rows,
     }
     cells = [(e, t) for t in args.transports for e in args.engines if t in ENGINES[e][2]]
     configs: dict[tuple[str, str], str] = {}
@@ -159,6 +161,8 @@ def prims(args: argparse.Namespace) -> None:
     for (e, t), outs in runs.items():
         recs = []
         for key, label, unit in ROWS:
+            if key not in args.rows:
+                continue
             if key.startswith("bw"):
                 vals = [o[key] for o in outs]
                 table.setdefault((key, t), {})[e] = (median(vals), None)
@@ -179,6 +183,8 @@ def prims(args: argparse.Namespace) -> None:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for t in args.transports:
         for key, label, unit in ROWS:
+            if key not in args.rows:
+                continue
             cells_ = table.get((key, t), {})
             row = [label, t]
             for e in ["ours"] + extra + peers:
@@ -292,11 +298,18 @@ def main() -> None:
     ap.add_argument("--engines", default="ours,ours-caller,mooncake,nixl,nixl-caller")
     ap.add_argument("--no-kv", action="store_true")
     ap.add_argument("--no-prims", action="store_true")
+    ap.add_argument("--rows", default="bw,w8,echo,paged",
+                    help="primitive rows to run: bw (the three bandwidth rows), w8, echo, paged")
     ap.add_argument("--out-dir", default="target/bench/peers")
     ap.add_argument("--kv-out-dir", default="target/bench/workloads")
     args = ap.parse_args()
     args.transports = [t for t in args.transports.split(",") if t]
     args.engines = [e for e in args.engines.split(",") if e]
+    want = {r for r in args.rows.split(",") if r}
+    known = {"bw", "w8", "echo", "paged"}
+    if not want or want - known:
+        raise SystemExit(f"--rows: pick from {', '.join(sorted(known))}")
+    args.rows = {k for k, _, _ in ROWS if k in want or (k.startswith("bw") and "bw" in want)}
     for e in args.engines:
         if e not in ENGINES:
             raise SystemExit(f"unknown engine {e!r} ({', '.join(ENGINES)})")
