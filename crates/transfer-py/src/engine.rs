@@ -677,9 +677,11 @@ impl Engine {
     /// unregistered host memory: any C-contiguous buffer (numpy, bytes,
     /// bytearray, memoryview) or object exporting `__dlpack__` (a torch
     /// CPU tensor), registered for this call and kept, with its exporter,
-    /// until the `Transfer` is dropped (register memory written from
-    /// repeatedly once instead: registering costs a system call or more
-    /// per call on EFA). With `imm`, each row delivers like one write
+    /// until the `Transfer` is dropped (a `Transfer` dropped before it
+    /// completed leaves that memory registered and referenced until the
+    /// engine closes, as any region dropped in flight; register memory
+    /// written from repeatedly once instead: registering costs a system
+    /// call or more per call on EFA). With `imm`, each row delivers like one write
     /// (`expected_imms(nbytes=...)` per row).
     #[pyo3(signature = (src, dst, triples, *, imm=None))]
     fn write_batch(
