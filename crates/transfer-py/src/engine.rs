@@ -521,7 +521,9 @@ impl Engine {
     }
 
     /// Registers memory for transfers: anything with the writable buffer
-    /// protocol (numpy array, bytearray, memoryview), or a tuple
+    /// protocol (numpy array, bytearray, memoryview), an object exporting
+    /// `__dlpack__` in host memory (a torch CPU tensor; C-contiguous; its
+    /// capsule is kept, unconsumed, while registered), or a tuple
     /// `(ptr, nbytes, device)` with device "cpu" (the caller keeps that
     /// memory valid; `owner` is kept referenced for it). The region keeps
     /// the object referenced until unregistered or the engine closes.
@@ -667,13 +669,20 @@ impl Engine {
     }
 
     /// Posts many writes into `dst` with ONE call and ONE completion,
-    /// zero-copy from registered memory: `triples` are `(src_offset,
-    /// dst_offset, nbytes)` rows (an `(N, 3)` integer numpy array, copied
-    /// in one pass without a Python object per row, or a sequence of
-    /// 3-tuples). `src` is a `Region`, or a sequence of regions with
-    /// `triples` a sequence of as many row lists (one engine request per
-    /// region, joined into the one `Transfer`). With `imm`, each row
-    /// delivers like one write (`expected_imms(nbytes=...)` per row).
+    /// zero-copy: `triples` are `(src_offset, dst_offset, nbytes)` rows (an
+    /// `(N, 3)` integer numpy array, copied in one pass without a Python
+    /// object per row, or a sequence of 3-tuples). `src` is a `Region`; a
+    /// sequence of regions with `triples` a sequence of as many row lists
+    /// (one engine request per region, joined into the one `Transfer`); or
+    /// unregistered host memory: any C-contiguous buffer (numpy, bytes,
+    /// bytearray, memoryview) or object exporting `__dlpack__` (a torch
+    /// CPU tensor), registered for this call and kept, with its exporter,
+    /// until the `Transfer` is dropped (a `Transfer` dropped before it
+    /// completed leaves that memory registered and referenced until the
+    /// engine closes, as any region dropped in flight; register memory
+    /// written from repeatedly once instead: registering costs a system
+    /// call or more per call on EFA). With `imm`, each row delivers like one write
+    /// (`expected_imms(nbytes=...)` per row).
     #[pyo3(signature = (src, dst, triples, *, imm=None))]
     fn write_batch(
         &self,
@@ -710,13 +719,35 @@ impl Engine {
             };
             return self.start(py, req, CALL, Some(one.clone().into_any().unbind()));
         }
+        if PyUntypedBuffer::get(src).is_ok() || crate::dlpack::exports(src) {
+            // An unregistered buffer or tensor: registered for this call
+            // only. The transfer keeps the region (and with it the buffer
+            // export or DLPack capsule) until it is dropped; dropping the
+            // region unregisters it, or hands the memory to the engine
+            // until it closes if writes are still in flight.
+            let rows = items(pages::triples(triples)?)?;
+            let region = Bound::new(py, Region::register_source(&self.shared, src, CALL)?)?;
+            let req = ScatterRequest {
+                src: &region.get().region,
+                items: rows,
+                imm,
+            };
+            return self.start(py, req, CALL, Some(region.clone().into_any().unbind()));
+        }
         let regions: Vec<Bound<'_, Region>> = src
             .try_iter()
             .and_then(|it| {
                 it.map(|r| r.and_then(|r| Ok(r.cast_into::<Region>()?)))
                     .collect()
             })
-            .map_err(|_| invalid(CALL, "src must be a Region or a sequence of Regions"))?;
+            .map_err(|_| {
+                invalid(
+                    CALL,
+                    "src must be a Region, a sequence of Regions, a C-contiguous buffer or a \
+                     host-memory __dlpack__ exporter (a raw (ptr, nbytes, device) is registered \
+                     first: Engine.register)",
+                )
+            })?;
         let lists: Vec<Bound<'_, PyAny>> =
             triples
                 .try_iter()

@@ -5,7 +5,8 @@
 //! maturin (`pyproject.toml` beside this crate's `Cargo.toml`).
 //!
 //! Where to read what: `engine` (the `Engine` class: opening, writes,
-//! immediates, messages), `region` (`Region`, `Peer`, `RemoteRegion`),
+//! immediates, messages), `region` (`Region`, `Peer`, `RemoteRegion`), `dlpack`
+//! (`__dlpack__` sources: torch CPU tensors),
 //! `transfer` (`Transfer`: poll, block, await), `signal` (how completions
 //! reach blocked threads and asyncio loops without Python on engine
 //! threads), `pages` (page lists from numpy), `error` (exceptions). The
@@ -16,6 +17,7 @@
 //! module cannot run without an interpreter. `cargo xtask test` builds the
 //! wheel and runs pytest.
 
+mod dlpack;
 mod engine;
 mod error;
 mod pages;

@@ -18,8 +18,17 @@ use crate::signal::lock;
 /// object (which also stops it from resizing), or the owner given with a
 /// raw pointer.
 pub(crate) enum Memory {
-    Buffer { _export: PyUntypedBuffer },
-    Raw { _owner: Option<Py<PyAny>> },
+    Buffer {
+        _export: PyUntypedBuffer,
+    },
+    Raw {
+        _owner: Option<Py<PyAny>>,
+    },
+    /// The unconsumed capsule of a `__dlpack__` export (see `dlpack.rs`):
+    /// its managed tensor references the exporter's tensor.
+    Dlpack {
+        _capsule: Py<PyAny>,
+    },
 }
 
 /// Memory registered with the engine's NICs: peers write into it, and it
@@ -39,6 +48,7 @@ pub struct Region {
 enum Source {
     Buffer(PyUntypedBuffer),
     Raw { ptr: usize, len: usize },
+    Dlpack(crate::dlpack::DlpackSpan),
 }
 
 /// The error for memory the package cannot register yet.
@@ -47,7 +57,8 @@ fn gpu_unsupported(what: &str) -> PyErr {
         "register",
         format!(
             "{what}: GPU memory is not supported by the Python package yet \
-             (host memory only: numpy arrays, bytearray, memoryview, or (ptr, nbytes, \"cpu\"))"
+             (host memory only: numpy arrays, bytearray, memoryview, CPU tensors through \
+             __dlpack__, or (ptr, nbytes, \"cpu\"))"
         ),
     )
 }
@@ -90,7 +101,7 @@ fn parse_device(device: &Bound<'_, PyAny>) -> PyResult<MemoryLocation> {
     ))
 }
 
-fn source_of(obj: &Bound<'_, PyAny>) -> PyResult<Source> {
+fn source_of(call: &'static str, obj: &Bound<'_, PyAny>) -> PyResult<Source> {
     if let Ok(t) = obj.cast::<PyTuple>() {
         if t.len() != 3 {
             return Err(invalid(
@@ -118,12 +129,12 @@ fn source_of(obj: &Bound<'_, PyAny>) -> PyResult<Source> {
     match PyUntypedBuffer::get(obj) {
         Ok(buf) => Ok(Source::Buffer(buf)),
         Err(_) if is_device_array(obj) => Err(gpu_unsupported(&type_name(obj))),
+        Err(_) if crate::dlpack::exports(obj) => crate::dlpack::span(call, obj).map(Source::Dlpack),
         Err(e) => Err(invalid(
-            "register",
+            call,
             format!(
-                "{} does not support the buffer protocol ({e}); pass a numpy array, \
-                 bytearray or memoryview (a torch CPU tensor: tensor.numpy()), or \
-                 (ptr, nbytes, \"cpu\")",
+                "{} supports neither the buffer protocol ({e}) nor __dlpack__; pass a numpy \
+                 array, bytearray, memoryview, a CPU tensor, or (ptr, nbytes, \"cpu\")",
                 type_name(obj)
             ),
         )),
@@ -143,12 +154,34 @@ impl Region {
         obj: &Bound<'_, PyAny>,
         owner: Option<Py<PyAny>>,
     ) -> PyResult<Self> {
+        Self::register_as(shared, obj, owner, "register", false)
+    }
+
+    /// Registers `obj` for one submit call of `call` that only reads from
+    /// it (`write_batch` from an unregistered buffer or tensor): read-only
+    /// buffers (bytes) are accepted, since its descriptor is never handed
+    /// to a peer.
+    pub(crate) fn register_source(
+        shared: &Arc<Shared>,
+        obj: &Bound<'_, PyAny>,
+        call: &'static str,
+    ) -> PyResult<Self> {
+        Self::register_as(shared, obj, None, call, true)
+    }
+
+    fn register_as(
+        shared: &Arc<Shared>,
+        obj: &Bound<'_, PyAny>,
+        owner: Option<Py<PyAny>>,
+        call: &'static str,
+        read_only_ok: bool,
+    ) -> PyResult<Self> {
         let py = obj.py();
-        let (ptr, len, memory, keep) = match source_of(obj)? {
+        let (ptr, len, memory, keep) = match source_of(call, obj)? {
             Source::Buffer(buf) => {
-                if buf.readonly() {
+                if buf.readonly() && !read_only_ok {
                     return Err(invalid(
-                        "register",
+                        call,
                         format!(
                             "{} is read-only; peers write into registered memory \
                              (use a bytearray or a writable numpy array)",
@@ -158,7 +191,7 @@ impl Region {
                 }
                 if !buf.is_c_contiguous() {
                     return Err(invalid(
-                        "register",
+                        call,
                         "the buffer is not C-contiguous (numpy: np.ascontiguousarray)",
                     ));
                 }
@@ -171,9 +204,16 @@ impl Region {
                 let keep = owner.as_ref().map(|o| o.clone_ref(py));
                 (ptr, len, Memory::Raw { _owner: owner }, keep)
             }
+            Source::Dlpack(d) => {
+                let keep = owner.unwrap_or_else(|| obj.clone().unbind());
+                let memory = Memory::Dlpack {
+                    _capsule: d.capsule,
+                };
+                (d.ptr, d.len, memory, Some(keep))
+            }
         };
         if ptr == 0 || len == 0 {
-            return Err(invalid("register", "empty or null memory"));
+            return Err(invalid(call, "empty or null memory"));
         }
         let span = MemorySpan {
             ptr: ptr as *mut u8,
@@ -184,15 +224,16 @@ impl Region {
         let span = SendSpan(span);
         let region = py
             .detach(|| {
-                shared.with("register", |e: &TransferEngine| {
+                shared.with(call, |e: &TransferEngine| {
                     let span = span;
                     // SAFETY: the memory stays valid while registered: a
-                    // buffer export pins the object (and forbids resizing)
-                    // until `Memory` is dropped, which happens only after a
-                    // successful unregister or once the engine (and with it
-                    // every registration) is gone (`Region::release`,
-                    // `Shared::pin`); a raw span is the caller's promise,
-                    // documented on `Engine.register`.
+                    // buffer export pins the object (and forbids resizing),
+                    // and an unconsumed DLPack capsule keeps its managed
+                    // tensor (see `dlpack.rs`), until `Memory` is dropped,
+                    // which happens only after a successful unregister or
+                    // once the engine (and with it every registration) is
+                    // gone (`Region::release`, `Shared::pin`); a raw span is
+                    // the caller's promise, documented on `Engine.register`.
                     unsafe { e.register(span.0) }
                 })
             })

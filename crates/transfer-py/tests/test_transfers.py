@@ -370,3 +370,93 @@ def test_write_batch_refuses_bad_rows(engine: Any, peer: Peer) -> None:
     with pytest.raises(transfer.TransferError):
         # Past the destination's end: refused by the engine at submit.
         engine.write_batch(src, dst, [(0, 4000, 200)]).wait(TIMEOUT)
+
+
+class DLPackOnly:
+    """Host memory seen only through DLPack, as a torch CPU tensor is (no
+    buffer protocol): numpy's own `__dlpack__` (numpy >= 1.22) gives the
+    same kind of capsule torch does, so this takes torch's path without
+    torch in the test venv."""
+
+    def __init__(self, a: np.ndarray) -> None:
+        self.a = a
+
+    def __dlpack__(self, **kw: Any) -> Any:
+        return self.a.__dlpack__(**kw)
+
+    def __dlpack_device__(self) -> Any:
+        return self.a.__dlpack_device__()
+
+
+def test_register_dlpack_is_zero_copy(engine: Any, peer: Peer, imm: int) -> None:
+    a = random_bytes(8192, 11).view(np.float32).reshape(32, 64)
+    r = engine.register(DLPackOnly(a))
+    assert r.nbytes == a.nbytes and r.ptr == a.ctypes.data
+    # A contiguous slice: its first byte, its length.
+    tail = a[8:]
+    r2 = engine.register(DLPackOnly(tail))
+    assert r2.nbytes == tail.nbytes and r2.ptr == tail.ctypes.data
+    idx, dst = remote(engine, peer, 8192)
+    engine.write(r, dst, imm=imm).wait(TIMEOUT)
+    peer.call("wait_imm", imm, peer.call("expected_imms", nbytes=8192), TIMEOUT)
+    assert peer.call("read", idx) == a.tobytes()
+
+
+@pytest.mark.parametrize("kind", ["dlpack", "numpy", "bytes"])
+def test_write_batch_from_unregistered_memory(engine: Any, peer: Peer, imm: int, kind: str) -> None:
+    import gc
+    import weakref
+
+    idx, dst = remote(engine, peer, 16384)
+    data = random_bytes(16384, 21)
+    want = np.zeros(16384, np.uint8)
+    rows = [(0, 8192, 4096), (4096, 0, 8192), (15000, 15000, 1384)]
+    for s, d, n in rows:
+        want[d : d + n] = data[s : s + n]
+    # The call's only reference to the memory is the argument: the transfer
+    # keeps it (the capsule and its exporter) until it is dropped.
+    src: Any = {"dlpack": lambda: DLPackOnly(data.copy()), "numpy": data.copy, "bytes": data.tobytes}[kind]()
+    alive = weakref.ref(src) if kind == "dlpack" else None
+    t = engine.write_batch(src, dst, np.asarray(rows, np.uint64), imm=imm)
+    del src
+    gc.collect()
+    if alive is not None:
+        assert alive() is not None
+    t.wait(TIMEOUT)
+    n = sum(peer.call("expected_imms", nbytes=r[2]) for r in rows)
+    peer.call("wait_imm", imm, n, TIMEOUT)
+    assert peer.call("read", idx) == want.tobytes()
+    del t
+    gc.collect()
+    if alive is not None:
+        assert alive() is None  # unregistered and released with the transfer
+
+
+def test_dlpack_refusals(engine: Any, peer: Peer) -> None:
+    _, dst = remote(engine, peer, 4096)
+    a = np.zeros((64, 64), np.uint8)
+    with pytest.raises(transfer.InvalidArgument, match="C-contiguous"):
+        engine.register(DLPackOnly(a[:, ::2]))
+    with pytest.raises(transfer.InvalidArgument, match="C-contiguous"):
+        engine.write_batch(DLPackOnly(a.T), dst, [(0, 0, 64)])
+    with pytest.raises(transfer.InvalidArgument, match="empty"):
+        engine.register(DLPackOnly(np.zeros((0, 4), np.float32)))
+
+    class CudaTensor:
+        def __dlpack__(self, **kw: Any) -> Any:
+            raise AssertionError("a device tensor must be refused before it exports")
+
+        def __dlpack_device__(self) -> tuple[int, int]:
+            return (2, 0)  # kDLCUDA
+
+    with pytest.raises(transfer.InvalidArgument, match="GPU memory is not supported"):
+        engine.write_batch(CudaTensor(), dst, [(0, 0, 64)])
+
+    class NotACapsule:
+        def __dlpack__(self, **kw: Any) -> Any:
+            return b"no capsule"
+
+    with pytest.raises(transfer.InvalidArgument, match="no capsule"):
+        engine.register(NotACapsule())
+    with pytest.raises(transfer.InvalidArgument, match="src must be"):
+        engine.write_batch((a.ctypes.data, 64, "cpu"), dst, [(0, 0, 64)])

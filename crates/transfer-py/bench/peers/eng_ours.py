@@ -24,9 +24,11 @@ class Adapter:
         provider = {"tcp": "tcp", "shm": "shm"}[transport]
         bind = "127.0.0.1" if transport == "tcp" else None
         self.busy = mode == "busy"
-        self.caller = mode == "caller"
+        self.caller = mode.startswith("caller")
+        # "2conn": two tcp endpoints (NICs) per engine, writes sharded by bytes.
+        nics = 2 if mode.endswith("2conn") else None
         self.eng = transfer.Engine(
-            provider=provider, bind=bind, busy_poll=self.busy,
+            provider=provider, nics=nics, bind=bind, busy_poll=self.busy,
             progress="caller" if self.caller else "thread",
         )
         self.buf = buf
@@ -40,6 +42,8 @@ class Adapter:
         else:
             how = "engine worker thread " + (
                 "busy-polling (one core per process)" if self.busy else "(parks when idle, no busy polling)")
+        if nics:
+            how += f", {self.eng.nics} endpoints per engine (writes sharded by bytes)"
         self.config = (
             f"transfer-py (Python), libfabric {self.eng.provider}, {how}"
             + ", writes via write / write_batch / write_paged, receiver "

@@ -133,16 +133,21 @@ def paged(a: Any, conn: Any, n: int, warm: int, it: int) -> list[float]:
 def prims_init(a: Any, conn: Any, p: dict[str, Any]) -> dict[str, Any]:
     a.prep_pages(PAGE, 0, PAGES, IN, POOL)
     it = p["rep"] + 1
+    rows = p["rows"]
     out: dict[str, Any] = {}
     for size in (64 * KiB, 1 * MiB, 16 * MiB):
-        bw(a, conn, size, it, 2 * max(8 * MiB, size))  # warm-up
-        out[f"bw{size}"] = bw(a, conn, size, it + 100, p["bw_total"])
-    l8 = lat8(a, conn, p["lat_n"], 20, it)
-    out["w8"] = (percentile(l8, 50), percentile(l8, 99))
-    e = echo(a, conn, p["lat_n"], 20, it)
-    out["echo"] = (percentile(e, 50), percentile(e, 99))
-    pg = paged(a, conn, p["paged_n"], 3, it)
-    out["paged"] = (percentile(pg, 50), percentile(pg, 99))
+        if f"bw{size}" in rows:
+            bw(a, conn, size, it, 2 * max(8 * MiB, size))  # warm-up
+            out[f"bw{size}"] = bw(a, conn, size, it + 100, p["bw_total"])
+    if "w8" in rows:
+        l8 = lat8(a, conn, p["lat_n"], 20, it)
+        out["w8"] = (percentile(l8, 50), percentile(l8, 99))
+    if "echo" in rows:
+        e = echo(a, conn, p["lat_n"], 20, it)
+        out["echo"] = (percentile(e, 50), percentile(e, 99))
+    if "paged" in rows:
+        pg = paged(a, conn, p["paged_n"], 3, it)
+        out["paged"] = (percentile(pg, 50), percentile(pg, 99))
     conn.send(("end",))
     return out
 

@@ -7,6 +7,7 @@ receiver checks the bytes after every timed phase (a mismatch fails).
 
     python run.py [--repeats 3] [--quick] [--transports tcp,shm]
                   [--engines ours,ours-caller,mooncake,nixl,nixl-caller] [--no-kv] [--no-prims]
+                  [--rows bw,w8,echo,paged]
                   [--out-dir target/bench/peers] [--kv-out-dir target/bench/workloads]
 """
 
@@ -34,6 +35,11 @@ ENGINES = {
     "ours-busy": ("eng_ours", "busy", ("tcp", "shm")),
     # Caller-driven progress: no engine threads, the caller polls.
     "ours-caller": ("eng_ours", "caller", ("tcp", "shm")),
+    # Diagnostics, not in the default list: two tcp endpoints per engine
+    # (writes sharded by bytes over two connections, as UCX stripes a NIXL
+    # stream over two TCP sockets here).
+    "ours-2conn": ("eng_ours", "2conn", ("tcp",)),
+    "ours-caller-2conn": ("eng_ours", "caller-2conn", ("tcp",)),
     "mooncake": ("eng_mooncake", "", ("tcp",)),
     "nixl": ("eng_nixl", "thread", ("tcp", "shm")),
     "nixl-caller": ("eng_nixl", "caller", ("tcp", "shm")),
@@ -144,6 +150,7 @@ def prims(args: argparse.Namespace) -> None:
         "bw_total": (64 if args.quick else 256) * MiB,
         "lat_n": 100 if args.quick else 300,
         "paged_n": 20 if args.quick else 50,
+        "rows": args.rows,
     }
     cells = [(e, t) for t in args.transports for e in args.engines if t in ENGINES[e][2]]
     configs: dict[tuple[str, str], str] = {}
@@ -159,6 +166,8 @@ def prims(args: argparse.Namespace) -> None:
     for (e, t), outs in runs.items():
         recs = []
         for key, label, unit in ROWS:
+            if key not in args.rows:
+                continue
             if key.startswith("bw"):
                 vals = [o[key] for o in outs]
                 table.setdefault((key, t), {})[e] = (median(vals), None)
@@ -172,13 +181,15 @@ def prims(args: argparse.Namespace) -> None:
                 recs.append(record("primitives", ENGINE_NAME[e], t, configs[(e, t)], {"row": label}, "p99_us", unit, p99))
         write_jsonl(Path(args.out_dir) / f"{e}-primitives-{t}.jsonl", recs)
     peers = [e for e in ("mooncake", "nixl", "nixl-caller") if e in args.engines]
-    extra = [e for e in ("ours-caller", "ours-busy") if e in args.engines]
-    ratios = [e for e in ("ours", "ours-caller") if e in args.engines]
+    extra = [e for e in ("ours-caller", "ours-busy", "ours-2conn", "ours-caller-2conn") if e in args.engines]
+    ratios = [e for e in ("ours", "ours-caller", "ours-2conn", "ours-caller-2conn") if e in args.engines]
     head = (["row", "via", "ours"] + [TITLE[e] for e in extra + peers]
             + [f"{TITLE[e]} / best peer" for e in ratios])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for t in args.transports:
         for key, label, unit in ROWS:
+            if key not in args.rows:
+                continue
             cells_ = table.get((key, t), {})
             row = [label, t]
             for e in ["ours"] + extra + peers:
@@ -278,9 +289,12 @@ def kv(args: argparse.Namespace) -> None:
     say(f"\nkv records: {args.kv_out_dir}/<engine>-kv-<transport>.jsonl")
 
 
-TITLE = {"ours": "ours", "ours-busy": "ours busy-poll", "ours-caller": "ours caller", "mooncake": "Mooncake", "nixl": "NIXL", "nixl-caller": "NIXL caller"}
-ENGINE_NAME = {"ours": "ours", "ours-busy": "ours", "ours-caller": "ours", "mooncake": "mooncake", "nixl": "nixl", "nixl-caller": "nixl"}
-KV_NAME = {"ours": "ours-py", "ours-busy": "ours-py-busy", "ours-caller": "ours-py-caller", "mooncake": "mooncake", "nixl": "nixl", "nixl-caller": "nixl"}
+TITLE = {"ours": "ours", "ours-busy": "ours busy-poll", "ours-caller": "ours caller",
+         "ours-2conn": "ours 2 conn", "ours-caller-2conn": "ours caller 2 conn", "mooncake": "Mooncake", "nixl": "NIXL", "nixl-caller": "NIXL caller"}
+ENGINE_NAME = {"ours": "ours", "ours-busy": "ours", "ours-caller": "ours", "ours-2conn": "ours",
+               "ours-caller-2conn": "ours", "mooncake": "mooncake", "nixl": "nixl", "nixl-caller": "nixl"}
+KV_NAME = {"ours": "ours-py", "ours-busy": "ours-py-busy", "ours-caller": "ours-py-caller",
+           "ours-2conn": "ours-py-2conn", "ours-caller-2conn": "ours-py-caller-2conn", "mooncake": "mooncake", "nixl": "nixl", "nixl-caller": "nixl"}
 
 
 def main() -> None:
@@ -292,11 +306,18 @@ def main() -> None:
     ap.add_argument("--engines", default="ours,ours-caller,mooncake,nixl,nixl-caller")
     ap.add_argument("--no-kv", action="store_true")
     ap.add_argument("--no-prims", action="store_true")
+    ap.add_argument("--rows", default="bw,w8,echo,paged",
+                    help="primitive rows to run: bw (the three bandwidth rows), w8, echo, paged")
     ap.add_argument("--out-dir", default="target/bench/peers")
     ap.add_argument("--kv-out-dir", default="target/bench/workloads")
     args = ap.parse_args()
     args.transports = [t for t in args.transports.split(",") if t]
     args.engines = [e for e in args.engines.split(",") if e]
+    want = {r for r in args.rows.split(",") if r}
+    known = {"bw", "w8", "echo", "paged"}
+    if not want or want - known:
+        raise SystemExit(f"--rows: pick from {', '.join(sorted(known))}")
+    args.rows = {k for k, _, _ in ROWS if k in want or (k.startswith("bw") and "bw" in want)}
     for e in args.engines:
         if e not in ENGINES:
             raise SystemExit(f"unknown engine {e!r} ({', '.join(ENGINES)})")

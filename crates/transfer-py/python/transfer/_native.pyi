@@ -15,6 +15,11 @@ _Bytes = bytes | bytearray | memoryview | Buffer | _ArrayLike
 _Pages = Buffer | _ArrayLike | Sequence[int]
 _RawMemory = tuple[int, int, str | None]
 
+class _DLPack(Protocol):
+    """Objects exporting DLPack (torch tensors, numpy >= 1.22, ...)."""
+
+    def __dlpack__(self) -> Any: ...
+
 @final
 class Transfer:
     """One operation in flight: a write, send, barrier or immediate expectation."""
@@ -113,9 +118,10 @@ class Engine:
     @property
     def closed(self) -> bool: ...
     def connect(self, address: _Bytes) -> Peer: ...
-    def register(self, obj: Buffer | _ArrayLike | _RawMemory, *, owner: object | None = None) -> Region:
+    def register(self, obj: Buffer | _ArrayLike | _DLPack | _RawMemory, *, owner: object | None = None) -> Region:
         """Registers a writable C-contiguous buffer (numpy, bytearray,
-        memoryview) or `(ptr, nbytes, "cpu")` memory the caller keeps valid."""
+        memoryview), a host-memory `__dlpack__` exporter (torch CPU tensor),
+        or `(ptr, nbytes, "cpu")` memory the caller keeps valid."""
     def write(
         self,
         src: Region,
@@ -150,7 +156,7 @@ class Engine:
         """Items are (dst, src_offset, dst_offset, nbytes)."""
     def write_batch(
         self,
-        src: Region | Sequence[Region],
+        src: Region | Sequence[Region] | Buffer | _ArrayLike | _DLPack,
         dst: RemoteRegion,
         triples: Buffer | _ArrayLike | Sequence[tuple[int, int, int]] | Sequence[Any],
         *,
@@ -158,7 +164,9 @@ class Engine:
     ) -> Transfer:
         """Many writes, one call, one completion: rows of (src_offset,
         dst_offset, nbytes) as an (N, 3) integer array; with a sequence of
-        regions, one row list per region."""
+        regions, one row list per region. An unregistered buffer or
+        `__dlpack__` exporter (torch CPU tensor) is registered for this
+        call, zero-copy, and kept until the Transfer is dropped."""
     def barrier(self, targets: RemoteRegion | Iterable[RemoteRegion], imm: int) -> Transfer: ...
     def send(self, peer: Peer, data: _Bytes) -> Transfer: ...
     def start_recv_pool(self, count: int = 64, size: int = 65536, *, backlog: int = 65536) -> None: ...
