@@ -351,7 +351,7 @@ pub fn run_cli(args: &[String]) -> Result<(), String> {
         None => crate::test::build_rpc_server()?,
     };
     if !full && ops.is_none() && params.is_none() {
-        return run_ci(&server);
+        return run_ci_with(&server, llama_bin.as_deref());
     }
     // A journal by default for the runs by hand (the long ones).
     let journal = journal.unwrap_or_else(|| {
@@ -380,6 +380,11 @@ pub fn run_cli(args: &[String]) -> Result<(), String> {
 /// The CI step: the runs of `CI_RUNS` against `server`; any FAIL or
 /// refusal fails the step, and so does a run that passed no case.
 pub fn run_ci(server: &Path) -> Result<(), String> {
+    run_ci_with(server, None)
+}
+
+/// [`run_ci`] with test-backend-ops from `llama_bin` when given.
+fn run_ci_with(server: &Path, llama_bin: Option<&Path>) -> Result<(), String> {
     let name = "llama.cpp test-backend-ops against transfer-rpc-server";
     let start = Instant::now();
     for (i, (ops, params)) in CI_RUNS.iter().enumerate() {
@@ -395,6 +400,7 @@ pub fn run_ci(server: &Path) -> Result<(), String> {
         let opts = Options {
             ops: Some(ops),
             params: *params,
+            llama_bin,
             ..Options::default()
         };
         let counts = run(server, &opts)?;
@@ -557,6 +563,9 @@ struct Walk<'a> {
     listed: HashSet<&'a str>,
     /// Every case reported so far (a fused case may be run twice).
     seen: HashSet<String>,
+    /// Names the full listing holds more than once (119 of them in the
+    /// 0.3.36 suite): a child naming one runs every case of that name.
+    twins: HashSet<String>,
     /// The last case reported by the current child.
     last: Option<String>,
     tally: Tally,
@@ -580,10 +589,23 @@ impl Walk<'_> {
         if self.listed.contains(case.as_str()) {
             // Cases named in a batch that `-o` cannot select (its parser
             // splits entries at the first `)`) are passed over. A name
-            // listed twice selects both cases: one already done (in an
-            // earlier batch) is reported again, and not counted again.
-            if let Some(skip) = self.cases[done..].iter().position(|c| *c == case) {
-                self.tally.passed_over(&self.cases[done..done + skip]);
+            // listed twice selects both cases, wherever they are: its
+            // report moves the walk only where the walk stands (else a twin
+            // run out of place, done in an earlier batch or left to another
+            // shard, would pass over the cases up to the later one), and it
+            // is not counted twice.
+            let skip = if self.twins.contains(&case) {
+                (self.cases.get(done) == Some(&case)).then_some(0)
+            } else {
+                self.cases[done..].iter().position(|c| *c == case)
+            };
+            if let Some(skip) = skip {
+                let over: Vec<String> = self.cases[done..done + skip]
+                    .iter()
+                    .filter(|c| !self.seen.contains(*c))
+                    .cloned()
+                    .collect();
+                self.tally.passed_over(&over);
                 self.tally.done += skip + 1;
             }
         }
@@ -639,6 +661,14 @@ pub fn run(server: &Path, opts: &Options) -> Result<Counts, String> {
         cases.len(),
         listing_start.elapsed().as_secs_f64()
     );
+    let twins: HashSet<String> = {
+        let mut once: HashSet<&str> = HashSet::new();
+        cases
+            .iter()
+            .filter(|c| !once.insert(c.as_str()))
+            .cloned()
+            .collect()
+    };
     let mut tally = Tally::new(opts.journal)?;
     tally.listed = cases.len();
     let mut seen: HashSet<String> = HashSet::new();
@@ -649,6 +679,10 @@ pub fn run(server: &Path, opts: &Options) -> Result<Counts, String> {
     if resumed {
         let mut done_names: HashSet<String> = HashSet::new();
         for (case, kind, detail) in journal_union(opts.resume)? {
+            // Passed over before: run again.
+            if kind == "not_run" {
+                continue;
+            }
             seen.insert(case.clone());
             done_names.insert(case.clone());
             count_record(&mut tally.counts, case, &kind, detail);
@@ -675,6 +709,7 @@ pub fn run(server: &Path, opts: &Options) -> Result<Counts, String> {
         cases: &cases,
         listed: cases.iter().map(String::as_str).collect(),
         seen,
+        twins,
         last: None,
         tally,
     };
@@ -1212,6 +1247,42 @@ mod tests {
         );
         assert!(back[2].2.starts_with("refused: rows [client signal: 6"));
         assert!(back[3].2.ends_with("RPC_STATUS_ASSERT"));
+    }
+
+    #[test]
+    fn a_twin_run_out_of_place_passes_nothing_over() {
+        // A shard names X(1) and test-backend-ops also runs X(1)'s twin,
+        // listed earlier (another shard's), before A(1).
+        let cases: Vec<String> = ["A(1)", "X(1)", "B(1)"].map(String::from).to_vec();
+        let mut walk = Walk {
+            cases: &cases,
+            listed: cases.iter().map(String::as_str).collect(),
+            seen: HashSet::new(),
+            twins: HashSet::from(["X(1)".to_string()]),
+            last: None,
+            tally: Tally::new(None).expect("no journal"),
+        };
+        for l in ["  X(1): OK", "  A(1): OK", "  X(1): OK", "  B(1): OK"] {
+            walk.line(l);
+        }
+        assert_eq!(walk.tally.done, 3);
+        assert!(walk.tally.counts.not_run.is_empty());
+        assert_eq!(walk.tally.counts.ok, 3);
+        // A name `-o` cannot select is still passed over.
+        let cases: Vec<String> = ["A(1)", "P(f(x))", "B(1)"].map(String::from).to_vec();
+        let mut walk = Walk {
+            cases: &cases,
+            listed: cases.iter().map(String::as_str).collect(),
+            seen: HashSet::new(),
+            twins: HashSet::new(),
+            last: None,
+            tally: Tally::new(None).expect("no journal"),
+        };
+        for l in ["  A(1): OK", "  B(1): OK"] {
+            walk.line(l);
+        }
+        assert_eq!(walk.tally.done, 3);
+        assert_eq!(walk.tally.counts.not_run, ["P(f(x))"]);
     }
 
     #[test]
