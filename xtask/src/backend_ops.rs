@@ -30,7 +30,8 @@ use crate::llama_tree;
 /// params (`-p`): binary ops with a permuted operand (perm1), NORM of
 /// non-packed rows, GLU of odd rows, SUM of a permuted source, SCALE of
 /// BF16 (289 cases). Then a sample of what llama.cpp's models run, plus an
-/// IM2COL_3D case of an empty result (120 cases). The full suite (20,766
+/// IM2COL_3D case of an empty result and the fused TOPK_QSA (ggml_cast's
+/// CPY with itself as src[1], refused as a cycle before; 4 cases, ~1 s). The full suite (20,766
 /// listed cases; FLASH_ATTN_EXT, CONV_2D, IM2COL_3D and MUL_MAT are most
 /// of them) is `cargo xtask backend-ops --full`.
 pub const CI_RUNS: [(&str, Option<&str>); 2] = [
@@ -41,7 +42,7 @@ pub const CI_RUNS: [(&str, Option<&str>); 2] = [
         ),
     ),
     (
-        "RMS_NORM,SUM_ROWS,MEAN,SILU,GELU,DUP,REPEAT,\
+        "RMS_NORM,SUM_ROWS,MEAN,SILU,GELU,DUP,REPEAT,TOPK_QSA,\
 IM2COL_3D(type_input=f32,type_kernel=f32,dst_type=f32,ne_input=[20,20,10,3],\
 ne_kernel=[3,3,3,3],IC=3,s0=1,s1=1,s2=1,p0=0,p1=0,p2=0,d0=1,d1=1,d2=1,v=1)",
         None,
