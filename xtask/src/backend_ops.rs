@@ -30,7 +30,8 @@ use crate::llama_tree;
 /// params (`-p`): binary ops with a permuted operand (perm1), NORM of
 /// non-packed rows, GLU of odd rows, SUM of a permuted source, SCALE of
 /// BF16 (289 cases). Then a sample of what llama.cpp's models run, plus an
-/// IM2COL_3D case of an empty result (120 cases). The full suite (20,766
+/// IM2COL_3D case of an empty result and the fused TOPK_QSA (ggml_cast's
+/// CPY with itself as src[1], refused as a cycle before; 4 cases, ~1 s). The full suite (20,766
 /// listed cases; FLASH_ATTN_EXT, CONV_2D, IM2COL_3D and MUL_MAT are most
 /// of them) is `cargo xtask backend-ops --full`.
 pub const CI_RUNS: [(&str, Option<&str>); 2] = [
@@ -41,15 +42,54 @@ pub const CI_RUNS: [(&str, Option<&str>); 2] = [
         ),
     ),
     (
-        "RMS_NORM,SUM_ROWS,MEAN,SILU,GELU,DUP,REPEAT,\
+        "RMS_NORM,SUM_ROWS,MEAN,SILU,GELU,DUP,REPEAT,TOPK_QSA,\
 IM2COL_3D(type_input=f32,type_kernel=f32,dst_type=f32,ne_input=[20,20,10,3],\
 ne_kernel=[3,3,3,3],IC=3,s0=1,s1=1,s2=1,p0=0,p1=0,p2=0,d0=1,d1=1,d2=1,v=1)",
         None,
     ),
 ];
 
-/// Longest one child run of the suite may take.
-const CHILD_LIMIT: Duration = Duration::from_secs(3600);
+/// The op names of the fused cases of the pinned tree's
+/// test-backend-ops.cpp (`llama_tree::VERSION`): the `op_desc` of the
+/// cases whose `run_whole_graph()` is true, which `support` mode leaves
+/// out of the listing, where no listed op has that name; `-o` entries,
+/// plain names and one paren-free regex (`test_unary_mul`'s
+/// `<UNARY>_MUL`).
+const FUSED_OPS: [&str; 24] = [
+    "ADD_ADD",
+    "ADD_RMS_NORM",
+    "FALCON",
+    "GATED_DELTA_NET_CACHE_FUSION",
+    "GROUP_NORM_MUL_ADD",
+    "L2_NORM_BATCH",
+    "LLAMA",
+    "MOE_REDUCE",
+    "MUL_MAT_ID_FUSION",
+    "MUL_MAT_VEC_FUSION",
+    "NORM_MUL_ADD",
+    "NORM_SCALE",
+    "RELU_SQR",
+    "RMS_NORM_MUL_ADD",
+    "RMS_NORM_MUL_ROPE",
+    "RMS_NORM_SCALE",
+    "ROPE_SET_ROWS",
+    "SNAKE_FUSE",
+    "SOFTCAP",
+    "SSM_CONV_BIAS_SILU",
+    "SSM_SCAN_ROLLBACK",
+    "TOPK_MOE",
+    "TOPK_QSA",
+    "^[A-Z_]+_MUL$",
+];
+
+/// Longest one child run of the suite may take (the whole suite in one
+/// process took 35-45 min here on 2 loaded cores).
+const CHILD_LIMIT: Duration = Duration::from_secs(3 * 3600);
+/// Longest a child may print nothing (one case in flight): the
+/// MUL_MAT_ID cases with 128 q4_K experts of 4096x2048 (4.8 GB of F32 in
+/// the client, quantized there) took over 300 s each with three shards
+/// side by side on 2 loaded cores.
+const CHILD_SILENCE: Duration = Duration::from_secs(1200);
 /// Longest the server may take to listen.
 const SERVER_START: Duration = Duration::from_secs(30);
 /// Most bytes of case names one `-o` argument carries (the kernel's limit
@@ -63,9 +103,12 @@ pub struct Counts {
     pub ok: usize,
     /// Computed, but different from ggml-cpu's result.
     pub fail: Vec<String>,
-    /// Refused by our server (the client aborted on that case): `(case,
-    /// the server's reason)`.
+    /// Refused by our server (the client aborted on that case and the
+    /// server logged why): `(case, the server's reason)`.
     pub refused: Vec<(String, String)>,
+    /// The client died on that case without a refusal in our server's log
+    /// (a crash of either side, a timeout): `(case, what is known)`.
+    pub aborted: Vec<(String, String)>,
     /// Not run because ggml-cpu does not support it.
     pub not_supported: usize,
     /// Skipped by the suite (large tensors).
@@ -77,25 +120,210 @@ pub struct Counts {
 impl Counts {
     fn summary(&self) -> String {
         format!(
-            "{} ok, {} fail, {} refused (client aborted), {} not supported by ggml-cpu, \
+            "{} passed, {} failed, {} not supported by ggml-cpu, {} refused, {} aborted, \
              {} skipped, {} not run",
             self.ok,
             self.fail.len(),
-            self.refused.len(),
             self.not_supported,
+            self.refused.len(),
+            self.aborted.len(),
             self.skipped,
             self.not_run.len()
         )
     }
 }
 
-/// `cargo xtask backend-ops [--full] [-o OPS] [-p PARAMS] [--server PATH]`
-/// (no `-o` / `--full`: the CI subset).
+/// A run as it goes: the counts so far, the listed cases done, printed
+/// after every child process (and every minute within one) and, when a
+/// journal is open, one JSON line per case and per progress report, so a
+/// run killed at any point still leaves its tally.
+struct Tally {
+    counts: Counts,
+    /// Listed cases (the `support` listing of the filters).
+    listed: usize,
+    /// Listed cases done (reported, refused, aborted or passed over) by
+    /// this run.
+    done: usize,
+    /// Listed cases done by the run a resumed journal records.
+    resumed: usize,
+    start: Instant,
+    last_print: Instant,
+    journal: Option<std::fs::File>,
+}
+
+/// How often a progress line is printed within one child process.
+const PROGRESS_EVERY: Duration = Duration::from_secs(60);
+
+impl Tally {
+    fn new(journal: Option<&Path>) -> Result<Tally, String> {
+        let journal = match journal {
+            Some(p) => {
+                if let Some(dir) = p.parent() {
+                    std::fs::create_dir_all(dir)
+                        .map_err(|e| format!("creating {}: {e}", dir.display()))?;
+                }
+                let f = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(p)
+                    .map_err(|e| format!("opening the journal {}: {e}", p.display()))?;
+                eprintln!("==> test-backend-ops: journal (JSON lines) {}", p.display());
+                Some(f)
+            }
+            None => None,
+        };
+        Ok(Tally {
+            counts: Counts::default(),
+            listed: 0,
+            done: 0,
+            resumed: 0,
+            start: Instant::now(),
+            last_print: Instant::now(),
+            journal,
+        })
+    }
+
+    fn write(&mut self, line: String) {
+        use std::io::Write;
+        if let Some(f) = self.journal.as_mut() {
+            // A journal that cannot be written is reported once and dropped:
+            // the console still has the tally.
+            if let Err(e) = writeln!(f, "{line}") {
+                eprintln!("  (journal write failed, closing it: {e})");
+                self.journal = None;
+            }
+        }
+    }
+
+    /// One case line of the suite.
+    fn case(&mut self, case: &str, result: &str) {
+        let plain = strip_ansi(result);
+        let kind = classify(&mut self.counts, case, &plain);
+        if kind == "fail" {
+            eprintln!("  FAIL {case}: {plain}");
+        }
+        self.write(format!(
+            "{{\"case\":{},\"result\":\"{kind}\",\"detail\":{}}}",
+            json_str(case),
+            json_str(&plain)
+        ));
+        if self.last_print.elapsed() > PROGRESS_EVERY {
+            self.progress("running");
+        }
+    }
+
+    /// A case the client died on: refused when our server logged a
+    /// refusal, aborted otherwise. Printed at once.
+    fn died(&mut self, case: String, refusal: Option<String>, client: &ChildOutput) {
+        let client_tail = format!("client {}: {}", client.status, tail(&client.stderr, 3));
+        let (kind, why) = match refusal {
+            Some(r) => ("refused", format!("{r} [{client_tail}]")),
+            None => ("aborted", client_tail),
+        };
+        eprintln!("  {} {case}: {why}", kind.to_uppercase());
+        self.write(format!(
+            "{{\"case\":{},\"result\":\"{kind}\",\"detail\":{}}}",
+            json_str(&case),
+            json_str(&why)
+        ));
+        if kind == "refused" {
+            self.counts.refused.push((case, why));
+        } else {
+            self.counts.aborted.push((case, why));
+        }
+    }
+
+    fn passed_over(&mut self, cases: &[String]) {
+        for c in cases {
+            self.write(format!(
+                "{{\"case\":{},\"result\":\"not_run\",\"detail\":\"\"}}",
+                json_str(c)
+            ));
+        }
+        self.counts.not_run.extend(cases.iter().cloned());
+    }
+
+    /// The running counts, on the console and in the journal.
+    fn progress(&mut self, label: &str) {
+        self.last_print = Instant::now();
+        let secs = self.start.elapsed().as_secs_f64();
+        let done = self.done + self.resumed;
+        eprintln!(
+            "  [{label}] {}; {done} of {} listed cases done; {secs:.0} s",
+            self.counts.summary(),
+            self.listed
+        );
+        let c = &self.counts;
+        let line = format!(
+            "{{\"progress\":{},\"passed\":{},\"failed\":{},\"not_supported\":{},\
+             \"refused\":{},\"aborted\":{},\"skipped\":{},\"not_run\":{},\"done\":{},\
+             \"listed\":{},\"elapsed_s\":{secs:.1}}}",
+            json_str(label),
+            c.ok,
+            c.fail.len(),
+            c.not_supported,
+            c.refused.len(),
+            c.aborted.len(),
+            c.skipped,
+            c.not_run.len(),
+            done,
+            self.listed
+        );
+        self.write(line);
+    }
+}
+
+/// `s` as a JSON string literal.
+fn json_str(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// What a run selects and where it writes.
+#[derive(Default)]
+pub struct Options<'a> {
+    /// `-o`
+    pub ops: Option<&'a str>,
+    /// `-p`
+    pub params: Option<&'a str>,
+    /// A built llama.cpp `bin` folder to take test-backend-ops from instead
+    /// of the llama tree's own build.
+    pub llama_bin: Option<&'a Path>,
+    /// The JSON-lines journal.
+    pub journal: Option<&'a Path>,
+    /// Cases already done (journals of earlier, killed runs): not run
+    /// again, their results counted as they were.
+    pub resume: &'a [PathBuf],
+    /// `(k, n)`: run only the `k`-th of every `n` cases still to do (from
+    /// 0), named case by case, so that `n` runs share the listing.
+    pub shard: Option<(usize, usize)>,
+}
+
+/// `cargo xtask backend-ops [--full] [-o OPS] [-p PARAMS] [--server PATH]
+/// [--llama-bin DIR] [--journal FILE] [--resume FILE]... [--shard K/N]`
+/// (no `-o` / `-p` / `--full`: the CI subset), or `cargo xtask backend-ops
+/// --tally FILE...` (the tally of journals together).
 pub fn run_cli(args: &[String]) -> Result<(), String> {
     let mut ops: Option<String> = None;
     let mut full = false;
     let mut params: Option<String> = None;
     let mut server: Option<PathBuf> = None;
+    let mut llama_bin: Option<PathBuf> = None;
+    let mut journal: Option<PathBuf> = None;
+    let mut resume: Vec<PathBuf> = Vec::new();
+    let mut shard: Option<(usize, usize)> = None;
+    let mut tally_only = false;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let mut value = |name: &str| {
@@ -108,18 +336,47 @@ pub fn run_cli(args: &[String]) -> Result<(), String> {
             "-o" => ops = Some(value("-o")?),
             "-p" => params = Some(value("-p")?),
             "--server" => server = Some(PathBuf::from(value("--server")?)),
+            "--llama-bin" => llama_bin = Some(PathBuf::from(value("--llama-bin")?)),
+            "--journal" => journal = Some(PathBuf::from(value("--journal")?)),
+            "--resume" => resume.push(PathBuf::from(value("--resume")?)),
+            "--shard" => shard = Some(parse_shard(&value("--shard")?)?),
+            "--tally" => tally_only = true,
+            other if tally_only => resume.push(PathBuf::from(other)),
             other => return Err(format!("backend-ops: unknown option `{other}`")),
         }
+    }
+    if tally_only {
+        let counts = tally_journals(&resume)?;
+        report(&counts, Duration::ZERO);
+        return verdict(&counts);
     }
     let server = match server {
         Some(s) => s,
         None => crate::test::build_rpc_server()?,
     };
     if !full && ops.is_none() && params.is_none() {
-        return run_ci(&server);
+        return run_ci_with(&server, llama_bin.as_deref());
     }
+    // A journal by default for the runs by hand (the long ones).
+    let journal = journal.unwrap_or_else(|| {
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        llama_tree::root()
+            .parent()
+            .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+            .join(format!("backend-ops/run-{stamp}.jsonl"))
+    });
+    let opts = Options {
+        ops: ops.as_deref(),
+        params: params.as_deref(),
+        llama_bin: llama_bin.as_deref(),
+        journal: Some(&journal),
+        resume: &resume,
+        shard,
+    };
     let start = Instant::now();
-    let counts = run(&server, ops.as_deref(), params.as_deref())?;
+    let counts = run(&server, &opts)?;
     report(&counts, start.elapsed());
     verdict(&counts)
 }
@@ -127,6 +384,11 @@ pub fn run_cli(args: &[String]) -> Result<(), String> {
 /// The CI step: the runs of `CI_RUNS` against `server`; any FAIL or
 /// refusal fails the step, and so does a run that passed no case.
 pub fn run_ci(server: &Path) -> Result<(), String> {
+    run_ci_with(server, None)
+}
+
+/// [`run_ci`] with test-backend-ops from `llama_bin` when given.
+fn run_ci_with(server: &Path, llama_bin: Option<&Path>) -> Result<(), String> {
     let name = "llama.cpp test-backend-ops against transfer-rpc-server";
     let start = Instant::now();
     for (i, (ops, params)) in CI_RUNS.iter().enumerate() {
@@ -139,7 +401,13 @@ pub fn run_ci(server: &Path) -> Result<(), String> {
         // Each run's own time (the build, if any, included), not the
         // step's total so far.
         let run_start = Instant::now();
-        let counts = run(server, Some(ops), *params)?;
+        let opts = Options {
+            ops: Some(ops),
+            params: *params,
+            llama_bin,
+            ..Options::default()
+        };
+        let counts = run(server, &opts)?;
         report(&counts, run_start.elapsed());
         verdict(&counts).map_err(|e| format!("{name}: {e}"))?;
     }
@@ -156,6 +424,9 @@ fn report(c: &Counts, took: Duration) {
     for (case, why) in &c.refused {
         eprintln!("  REFUSED {case}: {why}");
     }
+    for (case, why) in &c.aborted {
+        eprintln!("  ABORTED {case}: {why}");
+    }
     for case in &c.not_run {
         eprintln!("  NOT RUN {case}");
     }
@@ -167,7 +438,8 @@ fn report(c: &Counts, took: Duration) {
 }
 
 fn verdict(c: &Counts) -> Result<(), String> {
-    if !c.fail.is_empty() || !c.refused.is_empty() || !c.not_run.is_empty() {
+    if !c.fail.is_empty() || !c.refused.is_empty() || !c.aborted.is_empty() || !c.not_run.is_empty()
+    {
         return Err(format!("test-backend-ops: {}", c.summary()));
     }
     if c.ok == 0 {
@@ -176,10 +448,185 @@ fn verdict(c: &Counts) -> Result<(), String> {
     Ok(())
 }
 
-/// Builds what the suite needs and runs the cases selected by `ops` (`-o`)
-/// and `params` (`-p`) against a fresh `server` on a free loopback port.
-pub fn run(server: &Path, ops: Option<&str>, params: Option<&str>) -> Result<Counts, String> {
-    let bin = llama_tree::ensure_built(&["test-backend-ops", "ggml-cpu", "ggml-rpc"])?;
+/// `K/N` with `K < N`.
+fn parse_shard(s: &str) -> Result<(usize, usize), String> {
+    let parsed = s
+        .split_once('/')
+        .and_then(|(k, n)| Some((k.parse::<usize>().ok()?, n.parse::<usize>().ok()?)));
+    match parsed {
+        Some((k, n)) if k < n => Ok((k, n)),
+        _ => Err(format!(
+            "backend-ops: --shard takes K/N with K < N, not `{s}`"
+        )),
+    }
+}
+
+/// The cases `journals` record, each once (a case in several counts as
+/// the last one says), with their results.
+fn journal_union(journals: &[PathBuf]) -> Result<Vec<(String, String, String)>, String> {
+    let mut order: Vec<String> = Vec::new();
+    let mut last: std::collections::HashMap<String, (String, String)> =
+        std::collections::HashMap::new();
+    for j in journals {
+        for (case, kind, detail) in journal_cases(j)? {
+            if last.insert(case.clone(), (kind, detail)).is_none() {
+                order.push(case);
+            }
+        }
+    }
+    Ok(order
+        .into_iter()
+        .filter_map(|c| last.remove(&c).map(|(k, d)| (c, k, d)))
+        .collect())
+}
+
+/// Counts one journal record.
+fn count_record(counts: &mut Counts, case: String, kind: &str, detail: String) {
+    match kind {
+        "refused" => counts.refused.push((case, detail)),
+        "aborted" => counts.aborted.push((case, detail)),
+        "not_run" => counts.not_run.push(case),
+        "fail" => counts.fail.push(format!("{case}: {detail}")),
+        "ok" => counts.ok += 1,
+        "not_supported" => counts.not_supported += 1,
+        "skipped" => counts.skipped += 1,
+        _ => {}
+    }
+}
+
+/// The tally of `journals` together (a run sliced into several).
+fn tally_journals(journals: &[PathBuf]) -> Result<Counts, String> {
+    let mut counts = Counts::default();
+    let cases = journal_union(journals)?;
+    let n = cases.len();
+    for (case, kind, detail) in cases {
+        count_record(&mut counts, case, &kind, detail);
+    }
+    eprintln!(
+        "==> test-backend-ops: {n} cases in {} journal(s)",
+        journals.len()
+    );
+    Ok(counts)
+}
+
+/// The cases a journal records as done, with their results (`ok`, `fail`,
+/// ...) and details.
+fn journal_cases(path: &Path) -> Result<Vec<(String, String, String)>, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("reading the journal {}: {e}", path.display()))?;
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("{\"case\":") else {
+            continue;
+        };
+        let Some((case, rest)) = json_prefix(rest) else {
+            continue;
+        };
+        let Some(rest) = rest.strip_prefix(",\"result\":") else {
+            continue;
+        };
+        let Some((kind, rest)) = json_prefix(rest) else {
+            continue;
+        };
+        let detail = rest
+            .strip_prefix(",\"detail\":")
+            .and_then(json_prefix)
+            .map(|(d, _)| d)
+            .unwrap_or_default();
+        out.push((case, kind, detail));
+    }
+    Ok(out)
+}
+
+/// The JSON string literal `s` starts with, decoded (as [`json_str`]
+/// writes them), and what follows it.
+fn json_prefix(s: &str) -> Option<(String, &str)> {
+    let body = s.strip_prefix('"')?;
+    let mut out = String::new();
+    let mut chars = body.char_indices();
+    while let Some((i, c)) = chars.next() {
+        match c {
+            '"' => return Some((out, &body[i + 1..])),
+            '\\' => match chars.next()?.1 {
+                'n' => out.push('\n'),
+                'u' => {
+                    let hex: String = (0..4).filter_map(|_| chars.next().map(|x| x.1)).collect();
+                    out.push(char::from_u32(u32::from_str_radix(&hex, 16).ok()?)?);
+                }
+                other => out.push(other),
+            },
+            c => out.push(c),
+        }
+    }
+    None
+}
+
+/// The listed cases, walked in order as the suite reports them.
+struct Walk<'a> {
+    cases: &'a [String],
+    listed: HashSet<&'a str>,
+    /// Every case reported so far (a fused case may be run twice).
+    seen: HashSet<String>,
+    /// Names the full listing holds more than once (119 of them in the
+    /// 0.3.36 suite): a child naming one runs every case of that name.
+    twins: HashSet<String>,
+    /// The last case reported by the current child.
+    last: Option<String>,
+    tally: Tally,
+}
+
+impl Walk<'_> {
+    /// One stdout line of a child.
+    fn line(&mut self, line: &str) {
+        if let Some((case, result)) = case_line(line) {
+            let (case, result) = (case.to_string(), result.to_string());
+            self.report(case, &result);
+        } else if let Some(slice) = line.strip_prefix("  FAIL fa_vec slice: ") {
+            // The FLASH_ATTN_EXT vector-kernel sweep the suite runs after
+            // the cases when FLASH_ATTN_EXT is selected (Metal only).
+            self.tally.case(&format!("fa_vec slice {slice}"), "FAIL");
+        }
+    }
+
+    fn report(&mut self, case: String, result: &str) {
+        let done = self.tally.done;
+        if self.listed.contains(case.as_str()) {
+            // Cases named in a batch that `-o` cannot select (its parser
+            // splits entries at the first `)`) are passed over. A name
+            // listed twice selects both cases, wherever they are: its
+            // report moves the walk only where the walk stands (else a twin
+            // run out of place, done in an earlier batch or left to another
+            // shard, would pass over the cases up to the later one), and it
+            // is not counted twice.
+            let skip = if self.twins.contains(&case) {
+                (self.cases.get(done) == Some(&case)).then_some(0)
+            } else {
+                self.cases[done..].iter().position(|c| *c == case)
+            };
+            if let Some(skip) = skip {
+                let over: Vec<String> = self.cases[done..done + skip]
+                    .iter()
+                    .filter(|c| !self.seen.contains(*c))
+                    .cloned()
+                    .collect();
+                self.tally.passed_over(&over);
+                self.tally.done += skip + 1;
+            }
+        }
+        if self.seen.insert(case.clone()) {
+            self.tally.case(&case, result);
+        }
+        self.last = Some(case);
+    }
+}
+
+/// Builds what the suite needs and runs the cases selected by `opts`
+/// against a fresh `server` on a free loopback port.
+pub fn run(server: &Path, opts: &Options) -> Result<Counts, String> {
+    let bin = match opts.llama_bin {
+        Some(b) => b.to_path_buf(),
+        None => llama_tree::ensure_built(&["test-backend-ops", "ggml-cpu", "ggml-rpc"])?,
+    };
     let shim = build_shim()?;
     let server = Server::start(server)?;
     let suite = Suite {
@@ -188,46 +635,94 @@ pub fn run(server: &Path, ops: Option<&str>, params: Option<&str>) -> Result<Cou
         endpoint: format!("127.0.0.1:{}", server.port),
         log: server.log.clone(),
     };
+    let (ops, params) = (opts.ops, opts.params);
 
     // The case order, from a listing that computes nothing. `support` mode
     // leaves out the fused cases (several nodes checked as one graph), so
     // those are not in it.
     let listing_start = Instant::now();
-    let listing = suite.run(&["support"], ops, params)?;
+    let listing = suite.run(&["support"], ops, params, &mut |_| {})?;
     if !listing.status_ok {
         return Err(format!(
             "test-backend-ops support listing failed ({}): {}",
             listing.status,
-            tail(&listing.stderr)
+            tail(&listing.stderr, 5)
         ));
     }
-    let cases: Vec<String> = listing
+    let mut cases: Vec<String> = listing
         .stdout
         .lines()
         .filter_map(|l| case_line(l).map(|(case, _)| case.to_string()))
         .collect();
-    if cases.is_empty() {
+    // An empty listing is fine when the device is there (a filter
+    // selecting only fused cases, which `support` mode leaves out).
+    if cases.is_empty() && !listing.stdout.contains("RPC0") {
         return Err(format!(
             "test-backend-ops listed no case for the RPC device (is the shim loaded?): {}",
-            tail(&listing.stderr)
+            tail(&listing.stderr, 5)
         ));
     }
-    let listed: HashSet<&str> = cases.iter().map(String::as_str).collect();
     eprintln!(
         "==> test-backend-ops: {} cases listed (and the fused ones) in {:.1} s",
         cases.len(),
         listing_start.elapsed().as_secs_f64()
     );
-
-    let mut counts = Counts::default();
-    // Every case reported so far (a fused case may be run twice).
+    let twins: HashSet<String> = {
+        let mut once: HashSet<&str> = HashSet::new();
+        cases
+            .iter()
+            .filter(|c| !once.insert(c.as_str()))
+            .cloned()
+            .collect()
+    };
+    let mut tally = Tally::new(opts.journal)?;
+    tally.listed = cases.len();
     let mut seen: HashSet<String> = HashSet::new();
-    // Listed cases done (reported or refused), in order.
-    let mut done = 0usize;
-    let mut first = true;
+    // Resuming: the journals' cases count as they were and are not run
+    // again; the rest of the listing is named case by case (and so is a
+    // shard's part of it).
+    let resumed = !opts.resume.is_empty();
+    if resumed {
+        let mut done_names: HashSet<String> = HashSet::new();
+        for (case, kind, detail) in journal_union(opts.resume)? {
+            // Passed over before: run again.
+            if kind == "not_run" {
+                continue;
+            }
+            seen.insert(case.clone());
+            done_names.insert(case.clone());
+            count_record(&mut tally.counts, case, &kind, detail);
+        }
+        let before_len = cases.len();
+        cases.retain(|c| !done_names.contains(c));
+        tally.resumed = before_len - cases.len();
+    }
+    if let Some((k, n)) = opts.shard {
+        cases = cases
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| i % n == k)
+            .map(|(_, c)| c)
+            .collect();
+        tally.listed = tally.resumed + cases.len();
+    }
+    let by_name = resumed || opts.shard.is_some();
+    if by_name {
+        tally.progress("resumed");
+    }
+
+    let mut walk = Walk {
+        cases: &cases,
+        listed: cases.iter().map(String::as_str).collect(),
+        seen,
+        twins,
+        last: None,
+        tally,
+    };
+    let mut first = !by_name;
     let mut aborted = false;
     let mut batches = 0usize;
-    while first || done < cases.len() {
+    while first || walk.tally.done < cases.len() {
         let batch_start = Instant::now();
         batches += 1;
         // The first run takes the filters as given (fused cases included);
@@ -235,158 +730,134 @@ pub fn run(server: &Path, ops: Option<&str>, params: Option<&str>) -> Result<Cou
         let batch: Vec<String> = if first {
             Vec::new()
         } else {
-            take_batch(&cases[done..])
+            take_batch(&cases[walk.tally.done..])
         };
+        let done_before = walk.tally.done;
+        walk.last = None;
         let out = if first {
-            suite.run(&["test"], ops, params)?
+            suite.run(&["test"], ops, params, &mut |l| walk.line(l))?
         } else {
             let filter = batch.join(",");
-            suite.run(&["test"], Some(&filter), None)?
+            suite.run(&["test"], Some(&filter), None, &mut |l| walk.line(l))?
         };
         let mark = out.log_mark;
-        let done_before = done;
         first = false;
-        let mut last = None;
-        for (case, result) in reported(&out.stdout, &mut counts) {
-            if listed.contains(case.as_str()) {
-                // Cases named in a batch that `-o` cannot select (its
-                // parser splits entries at the first `)`) are passed over.
-                // A name listed twice selects both cases: one already done
-                // (in an earlier batch) is reported again, and not counted
-                // again below.
-                if let Some(skip) = cases[done..].iter().position(|c| *c == case) {
-                    counts
-                        .not_run
-                        .extend(cases[done..done + skip].iter().cloned());
-                    done += skip + 1;
-                }
-            }
-            if seen.insert(case.clone()) {
-                classify(&mut counts, &case, &result);
-            }
-            last = Some(case);
-        }
-        // This batch's own cases and time (one child process).
-        eprintln!(
-            "  batch {batches}: {} listed cases in {:.1} s ({} of {} done)",
-            done - done_before,
-            batch_start.elapsed().as_secs_f64(),
-            done,
-            cases.len()
-        );
+        walk.tally.progress(&format!(
+            "process {batches}: {} cases in {:.0} s",
+            walk.tally.done - done_before,
+            batch_start.elapsed().as_secs_f64()
+        ));
+        let done = walk.tally.done;
         if !out.signalled {
             // It ran to its end (a FAIL makes the exit status 1): every case
             // it was given must have been reported.
-            if done == done_before {
+            if done == done_before && done < cases.len() {
                 return Err(format!(
                     "test-backend-ops exited ({}) without reporting a case after {done} of {} \
                      listed cases: {}",
                     out.status,
                     cases.len(),
-                    tail(&out.stderr)
+                    tail(&out.stderr, 5)
                 ));
             }
             continue;
         }
         aborted = true;
-        let reason = refusal_reason(&out.log, mark)
-            .unwrap_or_else(|| format!("client exited with {}: {}", out.status, tail(&out.stderr)));
+        let refusal = refusal_reason(&out.log, mark);
         if done == cases.len() {
             // Every listed case reported, then the client died: in the
             // FLASH_ATTN_EXT slice sweep or a fused case at the end.
-            let after = last.unwrap_or_default();
-            counts.refused.push((
+            let after = walk.last.clone().unwrap_or_default();
+            walk.tally.died(
                 format!("(a fused case or the fa_vec sweep after {after})"),
-                reason,
-            ));
+                refusal,
+                &out,
+            );
             break;
         }
         let next = cases[done].clone();
         if !batch.is_empty() {
             // Cases named one by one: the listed case after the last one
             // reported was in flight.
-            eprintln!("  refused: {next}: {reason}");
-            counts.refused.push((next, reason));
-            done += 1;
+            walk.tally.died(next, refusal, &out);
+            walk.tally.done += 1;
             continue;
         }
         // The first run (fused cases included): the listed case after the
         // last one reported was in flight, or a fused case before it: run
         // that listed case alone to tell.
-        let alone = suite.run(&["test"], Some(&next), None)?;
+        let last = walk.last.clone();
+        let mut alone_lines: Vec<String> = Vec::new();
+        let alone = suite.run(&["test"], Some(&next), None, &mut |l| {
+            alone_lines.push(l.to_string())
+        })?;
         let mut alone_reported = false;
-        for (case, result) in reported(&alone.stdout, &mut counts) {
-            if case == next {
-                alone_reported = true;
-                if seen.insert(case.clone()) {
-                    classify(&mut counts, &case, &result);
+        for l in &alone_lines {
+            if let Some((case, result)) = case_line(l) {
+                if case == next {
+                    alone_reported = true;
+                    if walk.seen.insert(case.to_string()) {
+                        walk.tally.case(case, result);
+                    }
                 }
             }
         }
         if !alone_reported && !alone.signalled {
-            counts.not_run.push(next);
+            walk.tally.passed_over(std::slice::from_ref(&next));
         } else if alone_reported {
             let after = last.unwrap_or_default();
-            counts
-                .refused
-                .push((format!("(a fused case between {after} and {next})"), reason));
+            walk.tally.died(
+                format!("(a fused case between {after} and {next})"),
+                refusal,
+                &out,
+            );
         } else {
-            let why = refusal_reason(&alone.log, alone.log_mark).unwrap_or(reason);
-            eprintln!("  refused: {next}: {why}");
-            counts.refused.push((next, why));
+            let why = refusal_reason(&alone.log, alone.log_mark).or(refusal);
+            walk.tally.died(next, why, &alone);
         }
-        done += 1;
+        walk.tally.done += 1;
     }
 
     // After an abort the listing was run case by case, without the fused
-    // cases: run those now, selected by op names the listing does not hold
-    // (a fused case named like a listed op is not reached this way: only a
-    // full run without abort reaches it).
-    if aborted && ops.is_none() {
-        let mut names: Vec<&str> = cases
+    // cases: run those now, selected by their own names (a fused case
+    // named like a listed op, e.g. ADD with nf > 1, is not reached this
+    // way: only a run without abort reaches it). `-o` has no negation a
+    // filter could use here: an entry holding `(` is taken as one exact
+    // case name, so no grouped regex reaches the op-name matcher.
+    if (aborted || resumed) && ops.is_none() && opts.shard.is_none() {
+        let listed_ops: HashSet<&str> = walk
+            .listed
             .iter()
             .filter_map(|c| c.split_once('(').map(|(op, _)| op))
             .collect();
-        names.sort_unstable();
-        names.dedup();
-        let filter = format!("^(?!(?:{})$)", names.join("|"));
-        let out = suite.run(&["test"], Some(&filter), params)?;
-        let mut last = None;
-        for (case, result) in reported(&out.stdout, &mut counts) {
-            if seen.insert(case.clone()) {
-                classify(&mut counts, &case, &result);
-            }
-            last = Some(case);
-        }
+        let names: Vec<&str> = FUSED_OPS
+            .iter()
+            .copied()
+            .filter(|n| !listed_ops.contains(n))
+            .collect();
+        walk.last = None;
+        let out = suite.run(&["test"], Some(&names.join(",")), params, &mut |l| {
+            walk.line(l)
+        })?;
         if out.signalled {
-            let reason = refusal_reason(&out.log, out.log_mark).unwrap_or_else(|| {
-                format!("client exited with {}: {}", out.status, tail(&out.stderr))
-            });
-            let after = last.unwrap_or_default();
-            counts.refused.push((
+            let refusal = refusal_reason(&out.log, out.log_mark);
+            let after = walk.last.clone().unwrap_or_default();
+            walk.tally.died(
                 format!("(a fused case after {after}; the fused cases after it were not run)"),
-                reason,
-            ));
+                refusal,
+                &out,
+            );
         }
+        walk.tally.progress("fused cases");
+    } else if aborted {
+        eprintln!(
+            "  (the fused cases after the abort were not run: `-o {}` selects them)",
+            FUSED_OPS.join(",")
+        );
     }
     drop(server);
-    Ok(counts)
-}
-
-/// The case lines of a run's output (FLASH_ATTN_EXT slice sweep failures
-/// are counted as they go).
-fn reported(stdout: &str, counts: &mut Counts) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    for line in stdout.lines() {
-        if let Some((case, result)) = case_line(line) {
-            out.push((case.to_string(), result.to_string()));
-        } else if let Some(slice) = line.strip_prefix("  FAIL fa_vec slice: ") {
-            // The FLASH_ATTN_EXT vector-kernel sweep the suite runs after
-            // the cases when FLASH_ATTN_EXT is selected.
-            counts.fail.push(format!("fa_vec slice {slice}"));
-        }
-    }
-    out
+    walk.tally.progress("end");
+    Ok(walk.tally.counts)
 }
 
 /// test-backend-ops with the shim, against one server.
@@ -398,12 +869,14 @@ struct Suite {
 }
 
 impl Suite {
-    /// Runs `mode` on the RPC device with the filters given.
+    /// Runs `mode` on the RPC device with the filters given, handing each
+    /// stdout line to `on_line` as it comes.
     fn run(
         &self,
         mode: &[&str],
         ops: Option<&str>,
         params: Option<&str>,
+        on_line: &mut dyn FnMut(&str),
     ) -> Result<ChildOutput, String> {
         let mut cmd = Command::new(&self.program);
         cmd.args(mode).args(["-b", "RPC0"]);
@@ -413,7 +886,7 @@ impl Suite {
             // No gdb backtrace on an abort (a refused case).
             .env("GGML_NO_BACKTRACE", "1");
         let log_mark = std::fs::metadata(&self.log).map_or(0, |m| m.len());
-        let mut out = run_child(&mut cmd)?;
+        let mut out = run_child(&mut cmd, on_line)?;
         out.log_mark = log_mark;
         out.log = self.log.clone();
         Ok(out)
@@ -458,23 +931,26 @@ fn case_line(line: &str) -> Option<(&str, &str)> {
     Some((case, line[cut + 3..].trim()))
 }
 
-fn classify(counts: &mut Counts, case: &str, result: &str) {
-    // Colour codes around OK / FAIL.
-    let plain: String = strip_ansi(result);
+/// Counts one case by its result (colour codes stripped) and says which
+/// kind it was (the journal's `result`).
+fn classify(counts: &mut Counts, case: &str, plain: &str) -> &'static str {
     if plain.ends_with("OK") {
         counts.ok += 1;
+        "ok"
     } else if plain.ends_with("FAIL") {
         counts.fail.push(format!("{case}: {plain}"));
+        "fail"
     } else if plain.starts_with("not supported") {
         counts.not_supported += 1;
+        "not_supported"
     } else if plain.starts_with("skipping") {
         counts.skipped += 1;
-    } else if plain == "yes" || plain == "no" {
-        // support mode (not expected here)
+        "skipped"
     } else {
         counts
             .fail
             .push(format!("{case}: unrecognised result `{plain}`"));
+        "fail"
     }
 }
 
@@ -512,15 +988,19 @@ struct ChildOutput {
     log: PathBuf,
     status: String,
     status_ok: bool,
-    /// Killed by a signal (the stock client's abort on a refusal).
+    /// Killed by a signal (the stock client's abort on a refusal, or our
+    /// kill past `CHILD_LIMIT` / `CHILD_SILENCE`).
     signalled: bool,
     stdout: String,
     stderr: String,
 }
 
-/// Runs a child to completion (killed past `CHILD_LIMIT`), collecting its
-/// output; stderr is read on a thread so that neither pipe fills.
-fn run_child(cmd: &mut Command) -> Result<ChildOutput, String> {
+/// Runs a child to completion, handing each stdout line to `on_line` as
+/// it comes; stderr is read on a thread so that neither pipe fills. A
+/// child running past `CHILD_LIMIT`, or silent on stdout for
+/// `CHILD_SILENCE` (a case that hangs), is killed and reported as
+/// signalled, its stderr naming why.
+fn run_child(cmd: &mut Command, on_line: &mut dyn FnMut(&str)) -> Result<ChildOutput, String> {
     let mut child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -547,28 +1027,44 @@ fn run_child(cmd: &mut Command) -> Result<ChildOutput, String> {
         }
     });
     let mut lines = Vec::new();
+    let mut last_line = Instant::now();
+    let mut killed: Option<String> = None;
     let status = loop {
         while let Ok(l) = rx.try_recv() {
+            on_line(&l);
             lines.push(l);
+            last_line = Instant::now();
         }
         match child.try_wait() {
             Ok(Some(s)) => break s,
-            Ok(None) if Instant::now() > deadline => {
+            Ok(None) if Instant::now() > deadline || last_line.elapsed() > CHILD_SILENCE => {
+                killed = Some(if Instant::now() > deadline {
+                    format!("killed by the runner: ran past {} s", CHILD_LIMIT.as_secs())
+                } else {
+                    format!(
+                        "killed by the runner: no output for {} s",
+                        CHILD_SILENCE.as_secs()
+                    )
+                });
                 let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!(
-                    "{:?} ran past {} s and was killed",
-                    cmd.get_program(),
-                    CHILD_LIMIT.as_secs()
-                ));
+                match child.wait() {
+                    Ok(s) => break s,
+                    Err(e) => return Err(format!("waiting for {:?}: {e}", cmd.get_program())),
+                }
             }
             Ok(None) => std::thread::sleep(Duration::from_millis(20)),
             Err(e) => return Err(format!("waiting for {:?}: {e}", cmd.get_program())),
         }
     };
     let _ = out_thread.join();
-    lines.extend(rx.try_iter());
-    let stderr = err_thread.join().unwrap_or_default();
+    for l in rx.try_iter() {
+        on_line(&l);
+        lines.push(l);
+    }
+    let mut stderr = err_thread.join().unwrap_or_default();
+    if let Some(k) = killed {
+        stderr.push_str(&k);
+    }
     Ok(ChildOutput {
         log_mark: 0,
         log: PathBuf::new(),
@@ -580,9 +1076,10 @@ fn run_child(cmd: &mut Command) -> Result<ChildOutput, String> {
     })
 }
 
-fn tail(s: &str) -> String {
-    let lines: Vec<&str> = s.lines().collect();
-    lines[lines.len().saturating_sub(5)..].join(" | ")
+/// The last `n` lines of `s`, on one line.
+fn tail(s: &str, n: usize) -> String {
+    let lines: Vec<&str> = s.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines[lines.len().saturating_sub(n)..].join(" | ")
 }
 
 /// `libggml-trpcshim.so`, compiled from `trpcshim.c` when missing or older
@@ -599,6 +1096,9 @@ fn build_shim() -> Result<PathBuf, String> {
     };
     if fresh {
         return Ok(out);
+    }
+    if let Some(dir) = out.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
     }
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     crate::step::run(
@@ -701,10 +1201,103 @@ mod tests {
         assert_eq!(case_line("Testing 2 devices"), None);
         assert_eq!(case_line("  Backend 2/2: RPC0"), None);
         let mut c = Counts::default();
-        classify(&mut c, "X()", "\u{1b}[1;31mFAIL\u{1b}[0m");
-        classify(&mut c, "X()", "[X] MAA = 1 > 0 \u{1b}[1;32mOK\u{1b}[0m");
-        classify(&mut c, "X()", "not supported [CPU]");
+        let kinds: Vec<&str> = [
+            "\u{1b}[1;31mFAIL\u{1b}[0m",
+            "[X] MAA = 1 > 0 \u{1b}[1;32mOK\u{1b}[0m",
+            "not supported [CPU]",
+        ]
+        .iter()
+        .map(|r| classify(&mut c, "X()", &strip_ansi(r)))
+        .collect();
+        assert_eq!(kinds, ["fail", "ok", "not_supported"]);
         assert_eq!((c.ok, c.fail.len(), c.not_supported), (1, 1, 1));
+    }
+
+    #[test]
+    fn a_journal_reads_back_what_the_tally_wrote() {
+        let path = std::env::temp_dir().join(format!(
+            "xtask-backend-ops-journal-{}.jsonl",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_file(&path);
+        let mut t = Tally::new(Some(&path)).expect("journal opens");
+        t.case("ADD(type=f16,ne=[1,2,3,4])", "\u{1b}[1;32mOK\u{1b}[0m");
+        t.case("MUL(x=\"q\\\")", "FAIL");
+        t.progress("process 1");
+        let client = ChildOutput {
+            log_mark: 0,
+            log: PathBuf::new(),
+            status: "signal: 6 (SIGABRT)".into(),
+            status_ok: false,
+            signalled: true,
+            stdout: String::new(),
+            stderr: "load_backend: x\nggml-rpc.cpp:1: RPC_STATUS_ASSERT\n".into(),
+        };
+        t.died("NORM(eps=1)".into(), Some("refused: rows".into()), &client);
+        t.died("SUM(a=1)".into(), None, &client);
+        drop(t);
+        let back = journal_cases(&path).expect("journal reads");
+        let _ = std::fs::remove_file(&path);
+        let kinds: Vec<(&str, &str)> = back
+            .iter()
+            .map(|(c, k, _)| (c.as_str(), k.as_str()))
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                ("ADD(type=f16,ne=[1,2,3,4])", "ok"),
+                ("MUL(x=\"q\\\")", "fail"),
+                ("NORM(eps=1)", "refused"),
+                ("SUM(a=1)", "aborted"),
+            ]
+        );
+        assert!(back[2].2.starts_with("refused: rows [client signal: 6"));
+        assert!(back[3].2.ends_with("RPC_STATUS_ASSERT"));
+    }
+
+    #[test]
+    fn a_twin_run_out_of_place_passes_nothing_over() {
+        // A shard names X(1) and test-backend-ops also runs X(1)'s twin,
+        // listed earlier (another shard's), before A(1).
+        let cases: Vec<String> = ["A(1)", "X(1)", "B(1)"].map(String::from).to_vec();
+        let mut walk = Walk {
+            cases: &cases,
+            listed: cases.iter().map(String::as_str).collect(),
+            seen: HashSet::new(),
+            twins: HashSet::from(["X(1)".to_string()]),
+            last: None,
+            tally: Tally::new(None).expect("no journal"),
+        };
+        for l in ["  X(1): OK", "  A(1): OK", "  X(1): OK", "  B(1): OK"] {
+            walk.line(l);
+        }
+        assert_eq!(walk.tally.done, 3);
+        assert!(walk.tally.counts.not_run.is_empty());
+        assert_eq!(walk.tally.counts.ok, 3);
+        // A name `-o` cannot select is still passed over.
+        let cases: Vec<String> = ["A(1)", "P(f(x))", "B(1)"].map(String::from).to_vec();
+        let mut walk = Walk {
+            cases: &cases,
+            listed: cases.iter().map(String::as_str).collect(),
+            seen: HashSet::new(),
+            twins: HashSet::new(),
+            last: None,
+            tally: Tally::new(None).expect("no journal"),
+        };
+        for l in ["  A(1): OK", "  B(1): OK"] {
+            walk.line(l);
+        }
+        assert_eq!(walk.tally.done, 3);
+        assert_eq!(walk.tally.counts.not_run, ["P(f(x))"]);
+    }
+
+    #[test]
+    fn fused_names_are_single_filter_entries() {
+        // test-backend-ops splits `-o` at commas and takes an entry holding
+        // `(` as one exact case name: neither may appear in an op entry.
+        for n in FUSED_OPS {
+            assert!(!n.contains(',') && !n.contains('('), "{n}");
+        }
     }
 
     #[test]

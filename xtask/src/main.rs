@@ -77,11 +77,20 @@ commands:
                       namespace hosts, the client's link shaped (root; --delay
                       through the delay proxy), interleaved rounds
   verbs-vm            only the soft-RoCE VM step (transfer-verbs suite, engine link)
-  backend-ops [--full] [-o OPS] [-p PARAMS] [--server PATH]
+  backend-ops [--full] [-o OPS] [-p PARAMS] [--server PATH] [--llama-bin DIR]
+            [--journal FILE] [--resume FILE]... [--shard K/N]
                       llama.cpp's test-backend-ops (mode test, unmodified, from
-                      the llama-tree build) against transfer-rpc-server through
-                      ggml's RPC client; refused cases are counted and the run
-                      goes on past them (default: the CI subset of ops)
+                      the llama-tree build, or DIR's) against transfer-rpc-server
+                      through ggml's RPC client; refused cases are counted and
+                      the run goes on past them (default: the CI subset of ops).
+                      Running counts after every client process and every
+                      minute, each failure and abort with its reason at once,
+                      every case in a JSON-lines journal (default
+                      target/backend-ops/run-<time>.jsonl); --resume skips the
+                      cases of earlier journals, --shard runs every N-th case
+                      left (N runs side by side)
+  backend-ops --tally FILE...
+                      the tally of several journals (a run in slices) together
   llama-tree [TARGET...]
                       download (PyPI's llama-cpp-python 0.3.36 source archive,
                       sha256-pinned), configure and build llama.cpp's cmake

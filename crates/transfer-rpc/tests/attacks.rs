@@ -233,6 +233,24 @@ fn graph_structure_attacks() {
         vec![f.t(1, 0, 4), add(&f, 3, 3, 1, 32)],
         "self loop",
     );
+    // ggml_cast's CPY names the result itself as src[1] (its destination;
+    // test-backend-ops' TOPK_QSA): that one self-edge is ggml's own and
+    // accepted; the same CPY reading itself as src[0] is still a cycle.
+    let mut cast = f.t(3, 32, 4);
+    cast.op = 34;
+    cast.src[0] = 1;
+    cast.src[1] = 3;
+    assert!(f.graph(vec![3], vec![f.t(1, 0, 4), cast.clone()]).is_ok());
+    let mut self_read = cast;
+    self_read.src[0] = 3;
+    f.refused(vec![3], vec![f.t(1, 0, 4), self_read], "cpy reading itself");
+    let mut add_self_b = add(&f, 3, 1, 3, 32);
+    add_self_b.src[1] = 3;
+    f.refused(
+        vec![3],
+        vec![f.t(1, 0, 4), add_self_b],
+        "add with itself as src1",
+    );
     let mut unary_without_src = f.t(2, 16, 4);
     unary_without_src.op = 91;
     f.refused(vec![2], vec![unary_without_src], "op without its sources");

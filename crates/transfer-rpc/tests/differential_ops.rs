@@ -1064,6 +1064,13 @@ fn more_existing_op_cases(v: &mut Vec<Spec>) {
             ));
         }
     }
+    // ggml_cast: a CPY whose src[1] is the result itself (test-backend-ops'
+    // TOPK_QSA casts its F16 mask so; refused as a cycle before).
+    v.push(spec("cast f16->f32".into(), 1e-7, |c| {
+        let a = c.input(sys::GGML_TYPE_F16, [64, 3, 2, 1]);
+        // SAFETY: live context and tensor.
+        unsafe { sys::ggml_cast(c.ctx, a, F32) }
+    }));
     for ty in [sys::GGML_TYPE_Q4_0, sys::GGML_TYPE_Q8_0] {
         v.push(spec(format!("cpy {ty}->{ty} reshaped"), 1e-7, move |c| {
             let a = c.input(ty, [32, 5, 7, 3]);

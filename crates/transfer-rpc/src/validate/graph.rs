@@ -17,9 +17,9 @@ use std::collections::{HashMap, HashSet};
 
 use super::op_shapes::is_contiguous;
 use super::ops::{
-    GGML_GLU_OP_COUNT, GGML_OP_ADD_ID, GGML_OP_COUNT, GGML_OP_GET_ROWS, GGML_OP_GET_ROWS_BACK,
-    GGML_OP_GLU, GGML_OP_MUL_MAT_ID, GGML_OP_SET_ROWS, GGML_OP_SSM_SCAN, GGML_OP_UNARY,
-    GGML_UNARY_OP_COUNT, is_custom,
+    GGML_GLU_OP_COUNT, GGML_OP_ADD_ID, GGML_OP_COUNT, GGML_OP_CPY, GGML_OP_GET_ROWS,
+    GGML_OP_GET_ROWS_BACK, GGML_OP_GLU, GGML_OP_MUL_MAT_ID, GGML_OP_SET_ROWS, GGML_OP_SSM_SCAN,
+    GGML_OP_UNARY, GGML_UNARY_OP_COUNT, is_custom,
 };
 use super::tensor::{BufferLookup, CheckedTensor, check_tensor, check_view};
 use super::types::{GGML_TYPE_F16, GGML_TYPE_F32, GGML_TYPE_I32, GGML_TYPE_I64};
@@ -182,7 +182,8 @@ pub fn validate_graph(
         nodes.push(i);
     }
 
-    check_acyclic(&srcs, &view_src)?;
+    let ops: Vec<u32> = g.tensors.iter().map(|t| t.op).collect();
+    check_acyclic(&srcs, &view_src, &ops)?;
 
     let mut upfront = Vec::new();
     let mut upfront_set = HashSet::new();
@@ -398,12 +399,22 @@ fn check_op(t: &RpcTensor) -> Result<()> {
     Ok(())
 }
 
-/// Iterative three-colour DFS over source and view-source edges.
-fn check_acyclic(srcs: &[[Option<usize>; MAX_SRC]], view_src: &[Option<usize>]) -> Result<()> {
+/// Iterative three-colour DFS over source and view-source edges. One
+/// self-edge is ggml's own: `ggml_cast` builds a CPY whose src[1] is the
+/// result itself (its destination; ggml-cpu's copy reads src[0] only, and
+/// upstream's rpc-server maps a node before its sources), so that edge is
+/// not followed; any other edge back to a node being walked is refused.
+fn check_acyclic(
+    srcs: &[[Option<usize>; MAX_SRC]],
+    view_src: &[Option<usize>],
+    ops: &[u32],
+) -> Result<()> {
     let n = srcs.len();
     let mut colour = vec![0u8; n];
     let edge = |v: usize, k: usize| -> Option<Option<usize>> {
-        if k < MAX_SRC {
+        if k == 1 && srcs[v][1] == Some(v) && ops.get(v) == Some(&GGML_OP_CPY) {
+            Some(None)
+        } else if k < MAX_SRC {
             Some(srcs[v][k])
         } else if k == MAX_SRC {
             Some(view_src[v])

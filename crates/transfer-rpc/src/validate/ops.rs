@@ -8,6 +8,8 @@ pub const GGML_OP_NONE: u32 = 0;
 pub const GGML_OP_ADD_ID: u32 = 3;
 /// `GGML_OP_MUL_MAT_ID`.
 pub const GGML_OP_MUL_MAT_ID: u32 = 30;
+/// `GGML_OP_CPY`: `ggml_cast` builds it with src[1] = the result itself.
+pub const GGML_OP_CPY: u32 = 34;
 /// `GGML_OP_RESHAPE`.
 pub const GGML_OP_RESHAPE: u32 = 36;
 /// `GGML_OP_VIEW`.
