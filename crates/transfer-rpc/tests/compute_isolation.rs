@@ -392,3 +392,137 @@ fn a_buffer_freed_while_its_graph_waits_is_that_graphs_error_not_the_workers() {
     assert_eq!(backend.restarts(), 0, "the worker was blamed: {e}");
     assert_eq!(backend.worker_pids(), pid, "the worker was replaced");
 }
+
+/// Both compute backends: in-process ggml-cpu and a worker process.
+fn both_backends() -> Vec<(&'static str, ServerHandle)> {
+    vec![("in-process", start_ggml()), ("isolated", isolated(&[]).0)]
+}
+
+/// RMS_NORM of x (4x2), then MUL by a weight row w; the norm's result is
+/// prefilled with 7.0 and its use count (as llama.cpp's client sends it)
+/// is `uses`. Returns the graph, the norm and the MUL's result.
+fn rms_mul(c: &mut Client, uses: i32) -> (GraphPayload, RpcTensor, RpcTensor) {
+    let (b, base) = alloc(c, 4096);
+    let x = mat(1, b, base, 0, 4, 2);
+    let w = mat(2, b, base, 256, 4, 1);
+    let mut norm = mat(3, b, base, 512, 4, 2);
+    norm.op = 25; // RMS_NORM
+    norm.src[0] = 1;
+    norm.op_params[0] = 1e-6f32.to_bits() as i32;
+    norm.flags = 16;
+    norm.use_count = uses;
+    let mut out = mat(4, b, base, 1024, 4, 2);
+    out.op = 7; // MUL
+    out.src[0] = 3;
+    out.src[1] = 2;
+    out.flags = 16;
+    out.use_count = 0;
+    let xs = [1.0f32, 2.0, 3.0, 4.0, -1.0, 0.5, 0.0, 2.0];
+    c.set_tensor(&x, 0, &f32_bytes(&xs)).unwrap();
+    c.set_tensor(&w, 0, &f32_bytes(&[0.5, -1.0, 2.0, 1.0]))
+        .unwrap();
+    c.set_tensor(&norm, 0, &f32_bytes(&[7.0; 8])).unwrap();
+    let graph = GraphPayload {
+        device: 0,
+        nodes: vec![3, 4],
+        tensors: vec![x, w, norm.clone(), out.clone()],
+    };
+    (graph, norm, out)
+}
+
+fn rms_mul_reference() -> (Vec<f32>, Vec<f32>) {
+    let xs = [1.0f32, 2.0, 3.0, 4.0, -1.0, 0.5, 0.0, 2.0];
+    let w = [0.5f32, -1.0, 2.0, 1.0];
+    let mut norm = Vec::new();
+    for row in xs.chunks(4) {
+        let mean = row.iter().map(|v| v * v).sum::<f32>() / 4.0;
+        let scale = 1.0 / (mean + 1e-6).sqrt();
+        norm.extend(row.iter().map(|v| v * scale));
+    }
+    let out = norm.iter().enumerate().map(|(i, v)| v * w[i % 4]).collect();
+    (norm, out)
+}
+
+fn close(got: &[f32], want: &[f32]) -> bool {
+    got.len() == want.len() && got.iter().zip(want).all(|(g, w)| (g - w).abs() < 1e-4)
+}
+
+/// The use counts llama.cpp's client sends reach ggml as upstream's server
+/// hands them over: an RMS_NORM whose one consumer is the next node, a
+/// MUL, runs fused (its own result is never written, as on upstream's
+/// rpc-server); with two uses it is computed on its own. Before, every
+/// count was 0 and nothing fused.
+#[test]
+fn rms_norm_then_mul_fuses_as_upstream_does() {
+    let (want_norm, want_out) = rms_mul_reference();
+    for (name, h) in both_backends() {
+        let mut c = connect(&h);
+        let (g, norm, out) = rms_mul(&mut c, 1);
+        c.graph_compute(&g).unwrap();
+        let got = floats(&c.get_tensor(&out, 0, 32).unwrap());
+        assert!(close(&got, &want_out), "{name}: {got:?} != {want_out:?}");
+        assert_eq!(
+            floats(&c.get_tensor(&norm, 0, 32).unwrap()),
+            vec![7.0; 8],
+            "{name}: fused, the norm's own result is not written"
+        );
+        let (g, norm, out) = rms_mul(&mut c, 2);
+        c.graph_compute(&g).unwrap();
+        let got = floats(&c.get_tensor(&out, 0, 32).unwrap());
+        assert!(close(&got, &want_out), "{name}: {got:?}");
+        let got = floats(&c.get_tensor(&norm, 0, 32).unwrap());
+        assert!(
+            close(&got, &want_norm),
+            "{name}: two uses, not fused: {got:?}"
+        );
+    }
+}
+
+/// A GRAPH_COMPUTE of the graph the session already keeps runs that graph
+/// again (what the backends built for it is reused): it reads the inputs
+/// as they are now, survives other buffers being freed, and is refused
+/// once one of its own buffers is gone.
+#[test]
+fn the_same_graph_sent_again_reads_new_inputs_and_sees_freed_buffers() {
+    for (name, h) in both_backends() {
+        let mut c = connect(&h);
+        let (b, base) = alloc(&mut c, 1 << 16);
+        let mut g = add_graph(b, base, 64);
+        g.tensors[2].flags = 16;
+        let x = g.tensors[0].clone();
+        let out = g.tensors[2].clone();
+        let expect = |c: &mut Client, v: f32, what: &str| {
+            c.set_tensor(&x, 0, &f32_bytes(&[v; 64])).unwrap();
+            c.graph_compute(&g).unwrap();
+            let got = floats(&c.get_tensor(&out, 0, 256).unwrap());
+            let y = floats(&c.get_tensor(&g.tensors[1], 0, 256).unwrap());
+            let want: Vec<f32> = y.iter().map(|y| v + y).collect();
+            assert_eq!(got, want, "{name}: {what}");
+        };
+        expect(&mut c, 1.0, "first");
+        expect(&mut c, 2.0, "sent again");
+        // A buffer of another session freed meanwhile.
+        let mut other = connect(&h);
+        let (ob, _) = alloc(&mut other, 4096);
+        other.free_buffer(ob).unwrap();
+        expect(&mut c, 3.0, "after another buffer was freed");
+        // Another session sending the same bytes (a handle is a
+        // capability) computes its own graph, not this session's.
+        other.graph_compute(&g).unwrap();
+        other.get_tensor(&out, 0, 4).unwrap();
+        expect(&mut c, 4.0, "after the other session's graph");
+        c.free_buffer(b).unwrap();
+        assert!(
+            c.graph_compute(&g).is_err() || c.get_tensor(&out, 0, 4).is_err(),
+            "{name}: its buffer is gone"
+        );
+        // The server goes on.
+        let mut d = connect(&h);
+        let (b2, base2) = alloc(&mut d, 1 << 16);
+        let mut g2 = add_graph(b2, base2, 64);
+        g2.tensors[2].flags = 16;
+        d.set_tensor(&g2.tensors[0], 0, &f32_bytes(&[1.0; 64]))
+            .unwrap();
+        d.graph_compute(&g2).unwrap();
+    }
+}

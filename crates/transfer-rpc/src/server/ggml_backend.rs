@@ -566,7 +566,7 @@ impl GgmlCpuBackend {
         let mut start = 0usize;
         for end in cuts.iter().copied().chain(std::iter::once(g.nodes.len())) {
             if end > start {
-                self.compute_range(be, ctx, ptrs, &g.nodes[start..end])?;
+                self.compute_range(be, ctx, g, ptrs, &g.nodes[start..end])?;
                 start = end;
             }
             if end < g.nodes.len() {
@@ -590,6 +590,7 @@ impl GgmlCpuBackend {
         &self,
         be: sys::ggml_backend_t,
         ctx: *mut sys::ggml_context,
+        g: &ValidatedGraph,
         ptrs: &[*mut sys::ggml_tensor],
         nodes: &[usize],
     ) -> Result<()> {
@@ -602,6 +603,7 @@ impl GgmlCpuBackend {
             // SAFETY: cg has room for nodes.len() nodes; ptrs[i] is live.
             unsafe { sys::ggml_graph_add_node(cg, ptrs[i]) };
         }
+        set_use_counts(cg, nodes.iter().map(|&i| (ptrs[i], g.tensors[i].use_count)));
         // SAFETY: every tensor points into locked memory validated for its
         // extent; ops were checked against the allowlist and ggml's support.
         let status = unsafe { sys::ggml_backend_graph_compute(be, cg) };
@@ -609,5 +611,100 @@ impl GgmlCpuBackend {
             return fail(format!("ggml_backend_graph_compute returned {status}"));
         }
         Ok(())
+    }
+}
+
+/// `struct ggml_hash_set` of the vendored ggml (`ggml-impl.h`, private:
+/// the bindings only see an opaque `ggml_cgraph`).
+#[repr(C)]
+struct HashSetLayout {
+    size: usize,
+    used: *mut u32,
+    keys: *mut *mut sys::ggml_tensor,
+}
+
+/// `struct ggml_cgraph` of the vendored ggml (`ggml-impl.h`). Only read
+/// after [`set_use_counts`] has matched it against ggml's own accessors.
+#[repr(C)]
+struct CgraphLayout {
+    size: std::os::raw::c_int,
+    n_nodes: std::os::raw::c_int,
+    n_leafs: std::os::raw::c_int,
+    nodes: *mut *mut sys::ggml_tensor,
+    grads: *mut *mut sys::ggml_tensor,
+    grad_accs: *mut *mut sys::ggml_tensor,
+    leafs: *mut *mut sys::ggml_tensor,
+    use_counts: *mut i32,
+    visited_hash_set: HashSetLayout,
+}
+
+/// Records each node's use count (the client's `use_count`, as upstream's
+/// rpc-server does) in `cg`'s hash set, as `ggml_build_forward_expand`
+/// would have: ggml-cpu fuses a node with the next (RMS_NORM + MUL) only
+/// when its count says the next node is its one consumer, and a graph
+/// built node by node has every count 0, so it never fused (upstream's
+/// server fuses). Fusion reads and writes only the two nodes' own,
+/// validated extents (`ggml_compute_forward_rms_norm_f32`), so a wrong
+/// count changes the client's own results at most, as upstream.
+///
+/// ggml keeps `ggml_cgraph` private; the layout is mirrored from the
+/// vendored `ggml-impl.h` and checked against ggml's accessors on every
+/// graph (size, node array, node count, a hash table large enough): on
+/// any mismatch nothing is written and the graph runs unfused.
+fn set_use_counts(
+    cg: *mut sys::ggml_cgraph,
+    nodes: impl ExactSizeIterator<Item = (*mut sys::ggml_tensor, i32)>,
+) {
+    let n = nodes.len();
+    // SAFETY: cg is a live graph of `n` nodes (ggml_new_graph_custom, then
+    // n ggml_graph_add_node); these accessors only read it.
+    let (size, list, count) = unsafe {
+        (
+            sys::ggml_graph_size(cg),
+            sys::ggml_graph_nodes(cg),
+            sys::ggml_graph_n_nodes(cg),
+        )
+    };
+    // SAFETY: a ggml_cgraph starts with at least this layout's bytes when
+    // the layout matches; it is only read here, and trusted below only if
+    // its fields agree with ggml's accessors.
+    let layout = unsafe { &*cg.cast::<CgraphLayout>() };
+    let hash = &layout.visited_hash_set;
+    let matches = layout.size == size
+        && layout.nodes == list
+        && layout.n_nodes == count
+        && usize::try_from(count).is_ok_and(|c| c == n)
+        && layout.n_leafs == 0
+        && hash.size >= 2 * n
+        && !hash.used.is_null()
+        && !hash.keys.is_null()
+        && !layout.use_counts.is_null();
+    if !matches {
+        return;
+    }
+    let slots = hash.size;
+    for (t, uses) in nodes {
+        // ggml_hash_insert: the pointer's bits above its alignment, modulo
+        // the table size, then linear probing.
+        let mut i = (t as usize >> 4) % slots;
+        for _ in 0..slots {
+            // SAFETY: i < slots: the used bitset holds slots bits, keys and
+            // use_counts hold slots entries (ggml_new_graph_custom); no other
+            // thread touches the graph before it is computed.
+            unsafe {
+                let word = hash.used.add(i >> 5);
+                let bit = 1u32 << (i & 31);
+                if *word & bit == 0 {
+                    *word |= bit;
+                    *hash.keys.add(i) = t;
+                    *layout.use_counts.add(i) = uses;
+                    break;
+                }
+                if *hash.keys.add(i) == t {
+                    break;
+                }
+            }
+            i = (i + 1) % slots;
+        }
     }
 }

@@ -25,9 +25,16 @@
 //! copied with `nb[1]` bytes): with those, strides of size-1 dimensions,
 //! which `ggml_is_contiguous` ignores, decide where it writes.
 //!
-//! Fused kernels never run: the backend adds nodes with
-//! `ggml_graph_add_node`, which records no use counts, so
-//! `ggml_cpu_try_fuse_ops` (RMS_NORM + MUL) never matches.
+//! One fused kernel runs: the backend records each node's use count as
+//! upstream's server does (`ggml_backend.rs`, `set_use_counts`), so
+//! `ggml_cpu_try_fuse_ops` runs an RMS_NORM whose one consumer is the next
+//! node, a MUL, as `rms_norm_mul_fused`. It needs nothing these rules do
+//! not already hold: it reads the RMS_NORM's source as `check_norm`
+//! requires it (F32, packed rows, eps >= 0), writes the MUL's result rows
+//! packed (`check_binary`), and reads the MUL's other operand only where
+//! ggml checked it itself (F32, `nb[0]` of 4, `ne[0]` of the norm's),
+//! rows `i % ne[1..]` inside its extent; ggml fuses only when the MUL has
+//! the RMS_NORM's shape.
 
 mod attention;
 mod binary;
