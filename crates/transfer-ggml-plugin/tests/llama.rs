@@ -68,7 +68,12 @@ struct Traffic {
     graphs: Vec<usize>,
     engine_writes: Vec<usize>,
     engine_waits: Vec<usize>,
+    /// COPY_TENSOR_TO and COPY_TENSOR_TO_MARK.
     copy_to: Vec<usize>,
+    /// COPY_TENSOR_TO_MARK alone (the destination waits for it itself).
+    copy_marked: Vec<usize>,
+    /// MARK_WAIT sent by the client.
+    mark_waits: Vec<usize>,
     gets: Vec<usize>,
     /// SET_TENSOR sent by another server (a peer session: no DEVICE_COUNT).
     peer_sets: Vec<usize>,
@@ -90,6 +95,8 @@ fn traffic_now(servers: &[Server]) -> Traffic {
         engine_writes: vec![],
         engine_waits: vec![],
         copy_to: vec![],
+        copy_marked: vec![],
+        mark_waits: vec![],
         gets: vec![],
         peer_sets: vec![],
         client_barriers: vec![],
@@ -98,7 +105,10 @@ fn traffic_now(servers: &[Server]) -> Traffic {
         let c = counts(s);
         t.graphs
             .push(total(&c, "GRAPH_COMPUTE") + total(&c, "GRAPH_RECOMPUTE"));
-        t.copy_to.push(total(&c, "COPY_TENSOR_TO"));
+        t.copy_to
+            .push(total(&c, "COPY_TENSOR_TO") + total(&c, "COPY_TENSOR_TO_MARK"));
+        t.copy_marked.push(total(&c, "COPY_TENSOR_TO_MARK"));
+        t.mark_waits.push(total(&c, "MARK_WAIT"));
         t.engine_writes.push(total(&c, "ENGINE_WRITE"));
         t.engine_waits.push(total(&c, "ENGINE_WAIT"));
         t.gets.push(total(&c, "GET_TENSOR"));
@@ -220,6 +230,31 @@ fn check_direct(t: &Traffic) {
     }
     assert_eq!(t.copy_to[n - 1], 0);
     assert_no_client_barrier(t);
+    check_marked(t);
+}
+
+/// After its first copy (answered to the client: it proves the pair
+/// reaches each other), a boundary is a COPY_TENSOR_TO_MARK whose
+/// destination waits on its server (MARK_WAIT) for the copy: the client
+/// waits for no answer per boundary. Each marked copy has its wait.
+fn check_marked(t: &Traffic) {
+    let n = t.graphs.len();
+    let steps = t.graphs[0];
+    for i in 0..n - 1 {
+        assert!(
+            t.copy_marked[i] + 2 >= steps && t.copy_marked[i] > 0,
+            "COPY_TENSOR_TO_MARK per server {:?}, steps {steps}",
+            t.copy_marked
+        );
+        assert_eq!(
+            t.mark_waits[i + 1],
+            t.copy_marked[i],
+            "MARK_WAIT {:?} per COPY_TENSOR_TO_MARK {:?}",
+            t.mark_waits,
+            t.copy_marked
+        );
+    }
+    assert_eq!(t.mark_waits[0], 0);
 }
 
 /// No boundary waited for a PEER_BARRIER round trip to the client: each
@@ -284,9 +319,15 @@ fn completion_case(n_servers: usize) {
         assert_same_text(&got, &cpu);
         let t = traffic(&servers);
         eprintln!(
-            "p2p={p2p}: graphs {:?} COPY_TENSOR_TO {:?} GET_TENSOR {:?} peer SET_TENSOR {:?} \
-             client PEER_BARRIER {:?}",
-            t.graphs, t.copy_to, t.gets, t.peer_sets, t.client_barriers
+            "p2p={p2p}: graphs {:?} COPY_TENSOR_TO {:?} (marked {:?}, MARK_WAIT {:?}) \
+             GET_TENSOR {:?} peer SET_TENSOR {:?} client PEER_BARRIER {:?}",
+            t.graphs,
+            t.copy_to,
+            t.copy_marked,
+            t.mark_waits,
+            t.gets,
+            t.peer_sets,
+            t.client_barriers
         );
         check(&t);
     }
