@@ -865,8 +865,23 @@ fn completion_engine_path_three_servers() {
 #[test]
 #[ignore = "needs the llama.cpp build (cargo xtask test)"]
 fn completion_hung_server_fails_after_the_timeout() {
+    stopped_server_case("hung", 1, libc::SIGSTOP);
+}
+
+/// The source of a boundary killed mid-generation, while its destination
+/// waits on its server for marked copies (MARK_WAIT) that will never
+/// come: `llama-completion` fails within the timeout, never hangs.
+#[test]
+#[ignore = "needs the llama.cpp build (cargo xtask test)"]
+fn completion_dead_source_fails_the_waiting_destination() {
+    stopped_server_case("dead-source", 0, libc::SIGKILL);
+}
+
+/// `signal` to server `which` of two once generation runs; the run must
+/// end with a decode error soon after `TRANSFER_RPC_TIMEOUT_S`.
+fn stopped_server_case(name: &str, which: usize, signal: libc::c_int) {
     use std::time::{Duration, Instant};
-    let dir = scratch("hung");
+    let dir = scratch(name);
     let model = model(&dir);
     std::fs::copy(plugin_so(), dir.join("libggml-rpc-trpc.so")).unwrap();
     let servers = start_servers(2);
@@ -888,8 +903,10 @@ fn completion_hung_server_fails_after_the_timeout() {
         assert!(child.0.try_wait().unwrap().is_none(), "exited early");
         std::thread::sleep(Duration::from_millis(50));
     }
-    // SAFETY: SIGSTOP to our own child process, by its id.
-    let rc = unsafe { libc::kill(servers[1].child.id() as libc::pid_t, libc::SIGSTOP) };
+    // Marked copies are running (a pair's first copy is answered).
+    assert!(traffic_now(&servers).copy_marked[0] > 0, "no marked copy");
+    // SAFETY: a signal to our own child process, by its id.
+    let rc = unsafe { libc::kill(servers[which].child.id() as libc::pid_t, signal) };
     assert_eq!(rc, 0);
     let stopped = Instant::now();
     let status = loop {
