@@ -50,11 +50,15 @@ struct Args {
     threads: usize,
     model: Option<PathBuf>,
     plugin: Option<PathBuf>,
+    /// Server and plugin in the dev profile with transfer-rpc (and the
+    /// plugin) optimised, no debug assertions: reuses `cargo xtask test`'s
+    /// ggml build in target/rpc-upstream instead of a release one.
+    dev: bool,
 }
 
 const USAGE: &str = "bench llama-plugin [--llama-bin DIR] [--servers 2,4] [--rate 100mbit] \
      [--delay 1ms] [--rounds 3] [--engine] [--pp 64] [--tg 32] [--reps 2] [--threads 1] \
-     [--model F] [--plugin libtransfer_ggml_plugin.so]";
+     [--model F] [--plugin libtransfer_ggml_plugin.so] [--dev]";
 
 fn parse(args: &[String]) -> Result<Args, String> {
     let mut a = Args {
@@ -70,11 +74,16 @@ fn parse(args: &[String]) -> Result<Args, String> {
         threads: 1,
         model: None,
         plugin: None,
+        dev: false,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
         if flag == "--engine" {
             a.engine = true;
+            continue;
+        }
+        if flag == "--dev" {
+            a.dev = true;
             continue;
         }
         let v = it
@@ -259,6 +268,22 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     // The servers: transfer-rpc-server as `cargo xtask test` builds it (same
     // target directory, features and GGML_* environment: reuses its ggml).
     let rpc_target = target.join("rpc-upstream");
+    // `--dev`: as `bench llama-rpc --dev` (see bench_llama.rs: with debug
+    // assertions on, the frame path's checked byte loops cost ours 0.6x of
+    // stock tg through one server, ~1x without).
+    let mut profile: Vec<String> = Vec::new();
+    if a.dev {
+        for pkg in ["transfer-rpc", "transfer-ggml-plugin"] {
+            for setting in [
+                "opt-level=3",
+                "debug-assertions=false",
+                "overflow-checks=false",
+            ] {
+                profile.push("--config".into());
+                profile.push(format!("profile.dev.package.{pkg}.{setting}"));
+            }
+        }
+    }
     step::run(
         "build transfer-rpc-server (ggml)",
         Command::new(&cargo)
@@ -270,6 +295,7 @@ pub fn run(argv: &[String]) -> Result<(), String> {
                 "upstream-rpc,engine",
                 "--bins",
             ])
+            .args(&profile)
             .env("GGML_RPC", "ON")
             .env("GGML_RPC_RDMA", "OFF")
             .env("GGML_NO_BACKTRACE", "1")
@@ -278,6 +304,15 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     let server = rpc_target.join("debug/transfer-rpc-server");
     let plugin = match &a.plugin {
         Some(p) => p.clone(),
+        None if a.dev => {
+            step::run(
+                "build the plugin (dev, optimised)",
+                Command::new(&cargo)
+                    .args(["build", "-p", "transfer-ggml-plugin"])
+                    .args(&profile),
+            )?;
+            target.join("debug/libtransfer_ggml_plugin.so")
+        }
         None => {
             step::run(
                 "build the plugin (release)",
