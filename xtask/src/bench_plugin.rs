@@ -470,5 +470,17 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         }
         println!();
     }
+    // The spread behind each median: on a shared machine one round can
+    // move a row by tens of percent.
+    println!("samples (t/s, per round):");
+    for (n, test, per_arm) in &table {
+        print!("{n:>7} {test:>6}");
+        for arm in &arms {
+            let v = per_arm.get(arm).cloned().unwrap_or_default();
+            let v: Vec<String> = v.iter().map(|x| format!("{x:.1}")).collect();
+            print!("  {}: {}", arm.name(), v.join(" "));
+        }
+        println!();
+    }
     Ok(())
 }
