@@ -6,7 +6,9 @@
 //! proxy on the client's host, since this kernel lacks sch_netem; the
 //! plugin is told where the servers reach each other with
 //! TRANSFER_RPC_PEER_MAP). Arms per round, interleaved: stock, ours with
-//! COPY_TENSOR_TO (`TRANSFER_RPC_ENGINE=0`), and with `--engine` ours over
+//! COPY_TENSOR_TO (`TRANSFER_RPC_ENGINE=0`; the destination waits on its
+//! server for the copy, MARK_WAIT), with `--answered` the same without marks
+//! (each copy answered to the client first), and with `--engine` ours over
 //! the servers' engines (ENGINE_WRITE). Prints tokens/s (median of the
 //! rounds) and ours/stock per test.
 //!
@@ -54,11 +56,14 @@ struct Args {
     /// plugin) optimised, no debug assertions: reuses `cargo xtask test`'s
     /// ggml build in target/rpc-upstream instead of a release one.
     dev: bool,
+    /// Also the COPY_TENSOR_TO arm without marks (`TRANSFER_RPC_MARKS=0`:
+    /// each copy answered to the client before the destination goes on).
+    answered: bool,
 }
 
 const USAGE: &str = "bench llama-plugin [--llama-bin DIR] [--servers 2,4] [--rate 100mbit] \
      [--delay 1ms] [--rounds 3] [--engine] [--pp 64] [--tg 32] [--reps 2] [--threads 1] \
-     [--model F] [--plugin libtransfer_ggml_plugin.so] [--dev]";
+     [--model F] [--plugin libtransfer_ggml_plugin.so] [--dev] [--answered]";
 
 fn parse(args: &[String]) -> Result<Args, String> {
     let mut a = Args {
@@ -75,6 +80,7 @@ fn parse(args: &[String]) -> Result<Args, String> {
         model: None,
         plugin: None,
         dev: false,
+        answered: false,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -84,6 +90,10 @@ fn parse(args: &[String]) -> Result<Args, String> {
         }
         if flag == "--dev" {
             a.dev = true;
+            continue;
+        }
+        if flag == "--answered" {
+            a.answered = true;
             continue;
         }
         let v = it
@@ -191,6 +201,7 @@ fn reachable(addr: &str) -> Result<(), String> {
 enum Arm {
     Stock,
     Direct,
+    Answered,
     Engine,
 }
 
@@ -199,6 +210,7 @@ impl Arm {
         match self {
             Arm::Stock => "stock",
             Arm::Direct => "direct",
+            Arm::Answered => "answered",
             Arm::Engine => "engine",
         }
     }
@@ -361,6 +373,9 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         uptime()
     );
     let mut arms = vec![Arm::Stock, Arm::Direct];
+    if a.answered {
+        arms.push(Arm::Answered);
+    }
     if a.engine {
         arms.push(Arm::Engine);
     }
@@ -440,6 +455,11 @@ pub fn run(argv: &[String]) -> Result<(), String> {
                     Arm::Stock => (&stock_dir, false),
                     Arm::Direct => {
                         env.push(("TRANSFER_RPC_ENGINE", "0".into()));
+                        (&ours_dir, true)
+                    }
+                    Arm::Answered => {
+                        env.push(("TRANSFER_RPC_ENGINE", "0".into()));
+                        env.push(("TRANSFER_RPC_MARKS", "0".into()));
                         (&ours_dir, true)
                     }
                     Arm::Engine => (&ours_dir, true),

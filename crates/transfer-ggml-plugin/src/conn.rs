@@ -24,6 +24,10 @@ pub const ENV_TIMEOUT: &str = "TRANSFER_RPC_TIMEOUT_S";
 /// process's (a proxy or NAT in front of the servers): the destination a
 /// COPY_TENSOR_TO names. Unlisted servers are reached at their own endpoint.
 pub const ENV_PEER_MAP: &str = "TRANSFER_RPC_PEER_MAP";
+/// Environment variable: `0` turns the marks off (every COPY_TENSOR_TO
+/// answered to this process before the destination's next command, as
+/// before the marks; `cargo xtask bench llama-plugin --answered` compares).
+pub const ENV_MARKS: &str = "TRANSFER_RPC_MARKS";
 /// Jobs queued per connection before an asynchronous call waits for room.
 const QUEUE_CAP: usize = 1024;
 /// How long a connect may take.
@@ -166,7 +170,8 @@ impl Conn {
             p2p: client.config().p2p,
             engine: client.supports_engine(),
             engine_info: Mutex::new(None),
-            marks: client.supports_marks(),
+            marks: client.supports_marks()
+                && std::env::var(ENV_MARKS).map_or(true, |v| v.trim() != "0"),
             mark_key: Mutex::new(None),
             last_mark: std::sync::atomic::AtomicU64::new(0),
             marks_in_window: std::sync::atomic::AtomicU64::new(0),
