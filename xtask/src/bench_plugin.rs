@@ -6,7 +6,9 @@
 //! proxy on the client's host, since this kernel lacks sch_netem; the
 //! plugin is told where the servers reach each other with
 //! TRANSFER_RPC_PEER_MAP). Arms per round, interleaved: stock, ours with
-//! COPY_TENSOR_TO (`TRANSFER_RPC_ENGINE=0`), and with `--engine` ours over
+//! COPY_TENSOR_TO (`TRANSFER_RPC_ENGINE=0`; the destination waits on its
+//! server for the copy, MARK_WAIT), with `--answered` the same without marks
+//! (each copy answered to the client first), and with `--engine` ours over
 //! the servers' engines (ENGINE_WRITE). Prints tokens/s (median of the
 //! rounds) and ours/stock per test.
 //!
@@ -50,11 +52,18 @@ struct Args {
     threads: usize,
     model: Option<PathBuf>,
     plugin: Option<PathBuf>,
+    /// Server and plugin in the dev profile with transfer-rpc (and the
+    /// plugin) optimised, no debug assertions: reuses `cargo xtask test`'s
+    /// ggml build in target/rpc-upstream instead of a release one.
+    dev: bool,
+    /// Also the COPY_TENSOR_TO arm without marks (`TRANSFER_RPC_MARKS=0`:
+    /// each copy answered to the client before the destination goes on).
+    answered: bool,
 }
 
 const USAGE: &str = "bench llama-plugin [--llama-bin DIR] [--servers 2,4] [--rate 100mbit] \
      [--delay 1ms] [--rounds 3] [--engine] [--pp 64] [--tg 32] [--reps 2] [--threads 1] \
-     [--model F] [--plugin libtransfer_ggml_plugin.so]";
+     [--model F] [--plugin libtransfer_ggml_plugin.so] [--dev] [--answered]";
 
 fn parse(args: &[String]) -> Result<Args, String> {
     let mut a = Args {
@@ -70,11 +79,21 @@ fn parse(args: &[String]) -> Result<Args, String> {
         threads: 1,
         model: None,
         plugin: None,
+        dev: false,
+        answered: false,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
         if flag == "--engine" {
             a.engine = true;
+            continue;
+        }
+        if flag == "--dev" {
+            a.dev = true;
+            continue;
+        }
+        if flag == "--answered" {
+            a.answered = true;
             continue;
         }
         let v = it
@@ -182,6 +201,7 @@ fn reachable(addr: &str) -> Result<(), String> {
 enum Arm {
     Stock,
     Direct,
+    Answered,
     Engine,
 }
 
@@ -190,6 +210,7 @@ impl Arm {
         match self {
             Arm::Stock => "stock",
             Arm::Direct => "direct",
+            Arm::Answered => "answered",
             Arm::Engine => "engine",
         }
     }
@@ -259,6 +280,22 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     // The servers: transfer-rpc-server as `cargo xtask test` builds it (same
     // target directory, features and GGML_* environment: reuses its ggml).
     let rpc_target = target.join("rpc-upstream");
+    // `--dev`: as `bench llama-rpc --dev` (see bench_llama.rs: with debug
+    // assertions on, the frame path's checked byte loops cost ours 0.6x of
+    // stock tg through one server, ~1x without).
+    let mut profile: Vec<String> = Vec::new();
+    if a.dev {
+        for pkg in ["transfer-rpc", "transfer-ggml-plugin"] {
+            for setting in [
+                "opt-level=3",
+                "debug-assertions=false",
+                "overflow-checks=false",
+            ] {
+                profile.push("--config".into());
+                profile.push(format!("profile.dev.package.{pkg}.{setting}"));
+            }
+        }
+    }
     step::run(
         "build transfer-rpc-server (ggml)",
         Command::new(&cargo)
@@ -270,6 +307,7 @@ pub fn run(argv: &[String]) -> Result<(), String> {
                 "upstream-rpc,engine",
                 "--bins",
             ])
+            .args(&profile)
             .env("GGML_RPC", "ON")
             .env("GGML_RPC_RDMA", "OFF")
             .env("GGML_NO_BACKTRACE", "1")
@@ -278,6 +316,15 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     let server = rpc_target.join("debug/transfer-rpc-server");
     let plugin = match &a.plugin {
         Some(p) => p.clone(),
+        None if a.dev => {
+            step::run(
+                "build the plugin (dev, optimised)",
+                Command::new(&cargo)
+                    .args(["build", "-p", "transfer-ggml-plugin"])
+                    .args(&profile),
+            )?;
+            target.join("debug/libtransfer_ggml_plugin.so")
+        }
         None => {
             step::run(
                 "build the plugin (release)",
@@ -326,6 +373,9 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         uptime()
     );
     let mut arms = vec![Arm::Stock, Arm::Direct];
+    if a.answered {
+        arms.push(Arm::Answered);
+    }
     if a.engine {
         arms.push(Arm::Engine);
     }
@@ -407,6 +457,11 @@ pub fn run(argv: &[String]) -> Result<(), String> {
                         env.push(("TRANSFER_RPC_ENGINE", "0".into()));
                         (&ours_dir, true)
                     }
+                    Arm::Answered => {
+                        env.push(("TRANSFER_RPC_ENGINE", "0".into()));
+                        env.push(("TRANSFER_RPC_MARKS", "0".into()));
+                        (&ours_dir, true)
+                    }
                     Arm::Engine => (&ours_dir, true),
                 };
                 for (test, v) in llama_bench(&a, &model, cwd, &rpc, &env, want_plugin)? {
@@ -432,6 +487,18 @@ pub fn run(argv: &[String]) -> Result<(), String> {
             let v = per_arm.get(arm).map_or(0.0, |v| median(v));
             let ratio = if stock > 0.0 { v / stock } else { 0.0 };
             print!(" {v:>11.1} {ratio:>6.2}x");
+        }
+        println!();
+    }
+    // The spread behind each median: on a shared machine one round can
+    // move a row by tens of percent.
+    println!("samples (t/s, per round):");
+    for (n, test, per_arm) in &table {
+        print!("{n:>7} {test:>6}");
+        for arm in &arms {
+            let v = per_arm.get(arm).cloned().unwrap_or_default();
+            let v: Vec<String> = v.iter().map(|x| format!("{x:.1}")).collect();
+            print!("  {}: {}", arm.name(), v.join(" "));
         }
         println!();
     }

@@ -1337,6 +1337,71 @@ fn note_hub(src: &Conn, dst: &Conn, why: &str) {
     );
 }
 
+/// Pairs (source, destination) whose COPY_TENSOR_TO landed once: the
+/// source server reaches the destination, so later copies may be ordered
+/// by the destination server itself (marks) with no answer awaited.
+static REACHED_PAIRS: Mutex<Vec<(String, String)>> = Mutex::new(Vec::new());
+
+fn note_reached(src: &Conn, dst: &Conn) {
+    let mut pairs = REACHED_PAIRS.lock().unwrap_or_else(|p| p.into_inner());
+    if !pairs
+        .iter()
+        .any(|(s, d)| s == src.endpoint() && d == dst.endpoint())
+    {
+        pairs.push((src.endpoint().to_owned(), dst.endpoint().to_owned()));
+    }
+}
+
+fn reached(src: &Conn, dst: &Conn) -> bool {
+    REACHED_PAIRS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .any(|(s, d)| s == src.endpoint() && d == dst.endpoint())
+}
+
+/// The marked path of a boundary (both servers serve the marks, the pair
+/// reached each other once; the destination's barrier, if any, is already
+/// ahead of this on the source's stream): the source's stream posts
+/// COPY_TENSOR_TO_MARK after its graph (its server writes the data into
+/// the destination, then PEER_MARK), the destination's stream posts
+/// MARK_WAIT before its next command, and neither waits for an answer: the
+/// destination server itself holds its next graph until the copy landed.
+/// `Ok(false)` when no mark is free (use the answered path). A copy that
+/// did not land fails both connections (the destination's wait would
+/// otherwise time out): an error, never a hang or stale input.
+fn marked_copy(
+    sc: &Arc<Conn>,
+    dc: &Arc<Conn>,
+    s: transfer_rpc::protocol::RpcTensor,
+    d: transfer_rpc::protocol::RpcTensor,
+    size: u64,
+) -> Result<bool> {
+    let Some(key) = dc.mark_key()? else {
+        return Ok(false);
+    };
+    let Some(seq) = dc.take_mark() else {
+        return Ok(false);
+    };
+    let dc2 = dc.clone();
+    let copy_at = sc.post_at(Box::new(move |c, _| {
+        c.post_copy_tensor_to_mark(&s, &d, size, dc2.peer_endpoint(), (key, seq))?;
+        check_posted(c).inspect_err(|_| {
+            dc2.fail("a copy into it (COPY_TENSOR_TO_MARK) did not land");
+        })
+    }))?;
+    let wait_ms = u32::try_from(dc.timeout().as_millis()).unwrap_or(u32::MAX);
+    let wait_at = dc.post_no_read(Box::new(move |c, _| {
+        c.post_mark_wait(key, seq, wait_ms)?;
+        check_posted(c)
+    }))?;
+    // The wait ends only once the copy landed (the source server sent the
+    // mark after the data): when the destination is known past its wait,
+    // the source is known past its copy, and so past its graph.
+    dc.note_wait(wait_at, sc, copy_at);
+    Ok(true)
+}
+
 /// Gives the direct path of a pair up after a failed copy.
 fn give_up_direct(src: &Conn, dst: &Conn, why: &str) {
     note_hub(src, dst, why);
@@ -1392,6 +1457,7 @@ fn copy_to_or_through_host(
 ) -> transfer_rpc::Result<()> {
     if c.copy_tensor_to(s, d, size, dc.peer_endpoint())? {
         src_conn.settled_by();
+        note_reached(src_conn, dc);
         return Ok(());
     }
     give_up_direct(
@@ -1516,6 +1582,13 @@ unsafe extern "C" fn be_cpy_tensor_async(
             }
             if let Some(lane) = lane {
                 return engine_copy(&sc, &dc, lane, s, size).map(|()| true);
+            }
+            if sc.serves_marks()
+                && dc.serves_marks()
+                && reached(&sc, &dc)
+                && marked_copy(&sc, &dc, s.clone(), d.clone(), size)?
+            {
+                return Ok(true);
             }
             let landed = Arc::new(Done::default());
             let l = SetOnDrop(landed.clone());

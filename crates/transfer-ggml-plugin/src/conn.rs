@@ -24,6 +24,10 @@ pub const ENV_TIMEOUT: &str = "TRANSFER_RPC_TIMEOUT_S";
 /// process's (a proxy or NAT in front of the servers): the destination a
 /// COPY_TENSOR_TO names. Unlisted servers are reached at their own endpoint.
 pub const ENV_PEER_MAP: &str = "TRANSFER_RPC_PEER_MAP";
+/// Environment variable: `0` turns the marks off (every COPY_TENSOR_TO
+/// answered to this process before the destination's next command, as
+/// before the marks; `cargo xtask bench llama-plugin --answered` compares).
+pub const ENV_MARKS: &str = "TRANSFER_RPC_MARKS";
 /// Jobs queued per connection before an asynchronous call waits for room.
 const QUEUE_CAP: usize = 1024;
 /// How long a connect may take.
@@ -96,6 +100,16 @@ pub struct Conn {
     engine: bool,
     /// ENGINE_INFO's answer, asked once (`None` until then).
     engine_info: Mutex<Option<transfer_rpc::client::EngineInfo>>,
+    /// The server serves the marks (MARK_WAIT, COPY_TENSOR_TO_MARK).
+    marks: bool,
+    /// This connection's mark key (MARK_OPEN, asked once; `Some(None)`:
+    /// refused, marks not used).
+    mark_key: Mutex<Option<Option<u64>>>,
+    /// The last mark handed out on this connection (1, 2, ...).
+    last_mark: std::sync::atomic::AtomicU64,
+    /// Marks handed out since the last job that may read this server's
+    /// buffers was queued (see [`Conn::take_mark`]).
+    marks_in_window: std::sync::atomic::AtomicU64,
     /// Every command sent so far is known to have run on the server (the
     /// last one was answered). Cleared before each command, set by the
     /// callers whose last command was answered ([`Conn::settled_by`]).
@@ -156,6 +170,11 @@ impl Conn {
             p2p: client.config().p2p,
             engine: client.supports_engine(),
             engine_info: Mutex::new(None),
+            marks: client.supports_marks()
+                && std::env::var(ENV_MARKS).map_or(true, |v| v.trim() != "0"),
+            mark_key: Mutex::new(None),
+            last_mark: std::sync::atomic::AtomicU64::new(0),
+            marks_in_window: std::sync::atomic::AtomicU64::new(0),
             settled: std::sync::atomic::AtomicBool::new(false),
             settled_before: std::sync::atomic::AtomicBool::new(false),
             next_pos: std::sync::atomic::AtomicU64::new(1),
@@ -232,6 +251,56 @@ impl Conn {
         Ok(g.clone().filter(|i| i.has_engine()))
     }
 
+    /// True when this server serves the marks and `TRANSFER_RPC_P2P` is
+    /// not off: a direct copy into it can be ordered before its next
+    /// command by the server itself (MARK_WAIT).
+    pub fn serves_marks(&self) -> bool {
+        self.p2p && self.marks
+    }
+
+    /// This connection's mark key (MARK_OPEN once, after the queue
+    /// drained); `None` when the server refused one (logged).
+    pub fn mark_key(&self) -> Result<Option<u64>> {
+        if !self.serves_marks() {
+            return Ok(None);
+        }
+        let mut g = self.mark_key.lock().unwrap_or_else(|p| p.into_inner());
+        if g.is_none() {
+            let key = self.call("MARK_OPEN", |c| c.mark_open())?;
+            if key.is_none() {
+                host::log(
+                    crate::abi::LOG_WARN,
+                    &format!(
+                        "{}: MARK_OPEN refused; copies into it are ordered through this process",
+                        self.endpoint
+                    ),
+                );
+            }
+            *g = Some(key);
+        }
+        Ok(g.flatten())
+    }
+
+    /// The next mark of this connection, or `None` when
+    /// [`MARKS_IN_WINDOW`] marks were handed out since the last job that
+    /// may read its buffers was queued. Why that bound suffices: the
+    /// server keeps `transfer_rpc::server::marks::SLOTS` (64) marks per
+    /// key, a mark in slot `seq % 64`, and a copy queued after such a job
+    /// lands only once the server ran it (the write-after-read rule of a
+    /// boundary), so after every MARK_WAIT queued before it: the marks in
+    /// flight are those of the current window, fewer than 64.
+    pub fn take_mark(&self) -> Option<u64> {
+        use std::sync::atomic::Ordering;
+        let q = self.lock_queue();
+        if self.marks_in_window.load(Ordering::Acquire) >= MARKS_IN_WINDOW {
+            return None;
+        }
+        self.marks_in_window.fetch_add(1, Ordering::AcqRel);
+        let seq = self.last_mark.fetch_add(1, Ordering::AcqRel) + 1;
+        drop(q);
+        Some(seq)
+    }
+
     fn lock_queue(&self) -> MutexGuard<'_, Queue> {
         self.queue.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -301,6 +370,7 @@ impl Conn {
                 let pos = self.next_pos.fetch_add(1, Ordering::AcqRel);
                 if reads {
                     self.last_reader.store(pos, Ordering::Release);
+                    self.marks_in_window.store(0, Ordering::Release);
                 }
                 if let Some(make) = make.take() {
                     q.jobs.push_back(make(pos));
@@ -494,6 +564,10 @@ impl Conn {
     }
 }
 
+/// Marks a connection hands out between two jobs that may read its
+/// buffers: below the server's 64 slots per key.
+pub const MARKS_IN_WINDOW: u64 = 48;
+
 /// Waits a connection remembers for [`Conn::note_wait`] (a decode step
 /// adds one per boundary into it; answers clear them every step).
 const KNOWN_WAITS: usize = 256;
@@ -527,7 +601,7 @@ pub fn check_posted(c: &mut Client) -> transfer_rpc::Result<()> {
         Ok(())
     } else {
         Err(transfer_rpc::RpcError::RemoteFailure {
-            call: "ENGINE_WRITE/ENGINE_WAIT (posted)",
+            call: "ENGINE_WRITE/ENGINE_WAIT/COPY_TENSOR_TO_MARK/MARK_WAIT (posted)",
         })
     }
 }
@@ -606,6 +680,10 @@ mod tests {
             p2p: true,
             engine: false,
             engine_info: Mutex::new(None),
+            marks: true,
+            mark_key: Mutex::new(Some(Some(7))),
+            last_mark: std::sync::atomic::AtomicU64::new(0),
+            marks_in_window: std::sync::atomic::AtomicU64::new(0),
             settled: std::sync::atomic::AtomicBool::new(false),
             settled_before: std::sync::atomic::AtomicBool::new(false),
             next_pos: std::sync::atomic::AtomicU64::new(1),

@@ -68,7 +68,12 @@ struct Traffic {
     graphs: Vec<usize>,
     engine_writes: Vec<usize>,
     engine_waits: Vec<usize>,
+    /// COPY_TENSOR_TO and COPY_TENSOR_TO_MARK.
     copy_to: Vec<usize>,
+    /// COPY_TENSOR_TO_MARK alone (the destination waits for it itself).
+    copy_marked: Vec<usize>,
+    /// MARK_WAIT sent by the client.
+    mark_waits: Vec<usize>,
     gets: Vec<usize>,
     /// SET_TENSOR sent by another server (a peer session: no DEVICE_COUNT).
     peer_sets: Vec<usize>,
@@ -90,6 +95,8 @@ fn traffic_now(servers: &[Server]) -> Traffic {
         engine_writes: vec![],
         engine_waits: vec![],
         copy_to: vec![],
+        copy_marked: vec![],
+        mark_waits: vec![],
         gets: vec![],
         peer_sets: vec![],
         client_barriers: vec![],
@@ -98,7 +105,10 @@ fn traffic_now(servers: &[Server]) -> Traffic {
         let c = counts(s);
         t.graphs
             .push(total(&c, "GRAPH_COMPUTE") + total(&c, "GRAPH_RECOMPUTE"));
-        t.copy_to.push(total(&c, "COPY_TENSOR_TO"));
+        t.copy_to
+            .push(total(&c, "COPY_TENSOR_TO") + total(&c, "COPY_TENSOR_TO_MARK"));
+        t.copy_marked.push(total(&c, "COPY_TENSOR_TO_MARK"));
+        t.mark_waits.push(total(&c, "MARK_WAIT"));
         t.engine_writes.push(total(&c, "ENGINE_WRITE"));
         t.engine_waits.push(total(&c, "ENGINE_WAIT"));
         t.gets.push(total(&c, "GET_TENSOR"));
@@ -220,6 +230,31 @@ fn check_direct(t: &Traffic) {
     }
     assert_eq!(t.copy_to[n - 1], 0);
     assert_no_client_barrier(t);
+    check_marked(t);
+}
+
+/// After its first copy (answered to the client: it proves the pair
+/// reaches each other), a boundary is a COPY_TENSOR_TO_MARK whose
+/// destination waits on its server (MARK_WAIT) for the copy: the client
+/// waits for no answer per boundary. Each marked copy has its wait.
+fn check_marked(t: &Traffic) {
+    let n = t.graphs.len();
+    let steps = t.graphs[0];
+    for i in 0..n - 1 {
+        assert!(
+            t.copy_marked[i] + 2 >= steps && t.copy_marked[i] > 0,
+            "COPY_TENSOR_TO_MARK per server {:?}, steps {steps}",
+            t.copy_marked
+        );
+        assert_eq!(
+            t.mark_waits[i + 1],
+            t.copy_marked[i],
+            "MARK_WAIT {:?} per COPY_TENSOR_TO_MARK {:?}",
+            t.mark_waits,
+            t.copy_marked
+        );
+    }
+    assert_eq!(t.mark_waits[0], 0);
 }
 
 /// No boundary waited for a PEER_BARRIER round trip to the client: each
@@ -284,9 +319,15 @@ fn completion_case(n_servers: usize) {
         assert_same_text(&got, &cpu);
         let t = traffic(&servers);
         eprintln!(
-            "p2p={p2p}: graphs {:?} COPY_TENSOR_TO {:?} GET_TENSOR {:?} peer SET_TENSOR {:?} \
-             client PEER_BARRIER {:?}",
-            t.graphs, t.copy_to, t.gets, t.peer_sets, t.client_barriers
+            "p2p={p2p}: graphs {:?} COPY_TENSOR_TO {:?} (marked {:?}, MARK_WAIT {:?}) \
+             GET_TENSOR {:?} peer SET_TENSOR {:?} client PEER_BARRIER {:?}",
+            t.graphs,
+            t.copy_to,
+            t.copy_marked,
+            t.mark_waits,
+            t.gets,
+            t.peer_sets,
+            t.client_barriers
         );
         check(&t);
     }
@@ -824,8 +865,23 @@ fn completion_engine_path_three_servers() {
 #[test]
 #[ignore = "needs the llama.cpp build (cargo xtask test)"]
 fn completion_hung_server_fails_after_the_timeout() {
+    stopped_server_case("hung", 1, libc::SIGSTOP);
+}
+
+/// The source of a boundary killed mid-generation, while its destination
+/// waits on its server for marked copies (MARK_WAIT) that will never
+/// come: `llama-completion` fails within the timeout, never hangs.
+#[test]
+#[ignore = "needs the llama.cpp build (cargo xtask test)"]
+fn completion_dead_source_fails_the_waiting_destination() {
+    stopped_server_case("dead-source", 0, libc::SIGKILL);
+}
+
+/// `signal` to server `which` of two once generation runs; the run must
+/// end with a decode error soon after `TRANSFER_RPC_TIMEOUT_S`.
+fn stopped_server_case(name: &str, which: usize, signal: libc::c_int) {
     use std::time::{Duration, Instant};
-    let dir = scratch("hung");
+    let dir = scratch(name);
     let model = model(&dir);
     std::fs::copy(plugin_so(), dir.join("libggml-rpc-trpc.so")).unwrap();
     let servers = start_servers(2);
@@ -847,8 +903,10 @@ fn completion_hung_server_fails_after_the_timeout() {
         assert!(child.0.try_wait().unwrap().is_none(), "exited early");
         std::thread::sleep(Duration::from_millis(50));
     }
-    // SAFETY: SIGSTOP to our own child process, by its id.
-    let rc = unsafe { libc::kill(servers[1].child.id() as libc::pid_t, libc::SIGSTOP) };
+    // Marked copies are running (a pair's first copy is answered).
+    assert!(traffic_now(&servers).copy_marked[0] > 0, "no marked copy");
+    // SAFETY: a signal to our own child process, by its id.
+    let rc = unsafe { libc::kill(servers[which].child.id() as libc::pid_t, signal) };
     assert_eq!(rc, 0);
     let stopped = Instant::now();
     let status = loop {
@@ -878,10 +936,13 @@ fn completion_hung_server_fails_after_the_timeout() {
             "no log line"
         );
     }
+    // A stopped server is noticed by a deadline; a killed one may also be
+    // noticed first by its closed socket (the source's next SET_TENSOR).
     assert!(
         !err.contains("failed to eval")
             || err.contains("did not answer within")
-            || err.contains("timed out"),
+            || err.contains("timed out")
+            || (signal == libc::SIGKILL && err.contains("i/o error")),
         "{err}"
     );
 }

@@ -269,3 +269,101 @@ fn self_copy_through_own_endpoint() {
     );
     assert_eq!(a.get_tensor(&t2, 0, 128).unwrap(), data);
 }
+
+/// Marks: the destination's next command waits on the server for the
+/// copy itself (MARK_WAIT posted before it), not for the client to see the
+/// COPY's answer.
+#[test]
+fn a_marked_copy_orders_the_destinations_next_command() {
+    let (sa, sb) = (start(small()), start(small()));
+    let n = 500;
+    let (mut a, ta) = setup(&sa, n);
+    let (mut b, tb) = setup(&sb, n);
+    assert!(a.supports_marks() && b.supports_marks());
+    let data = pattern(n as usize, 5);
+    a.set_tensor(&ta, 0, &data).unwrap();
+    let key = b.mark_open().unwrap().expect("a mark key");
+    let endpoint = b.endpoint().to_owned();
+    let tb2 = tb.clone();
+    // The destination's client posts the wait and its read at once; the
+    // read can only be answered after the mark, which comes after the data.
+    let reader = std::thread::spawn(move || {
+        b.post_mark_wait(key, 1, 20_000).unwrap();
+        let got = b.get_tensor(&tb2, 0, u64::from(n) * 4).unwrap();
+        (got, b.collect_posted().unwrap())
+    });
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert!(!reader.is_finished(), "the read ran before the copy landed");
+    a.post_copy_tensor_to_mark(&ta, &tb, u64::from(n) * 4, &endpoint, (key, 1))
+        .unwrap();
+    assert_eq!(a.collect_posted().unwrap(), vec![true]);
+    let (got, answers) = reader.join().unwrap();
+    assert_eq!(got, data);
+    assert_eq!(answers, vec![true]);
+}
+
+/// Another tenant's marks neither complete nor block a wait, and it cannot
+/// wait on (or learn anything from) a key it does not hold; keys are
+/// bounded per session and go with it.
+#[test]
+fn marks_of_another_tenant_do_not_count() {
+    let (sa, sb) = (start(small()), start(small()));
+    let n = 64;
+    let (mut a, ta) = setup(&sa, n);
+    let (mut mine, tb) = setup(&sb, n);
+    let mut theirs = connect_with(&sb, stats_cfg());
+    let key = mine.mark_open().unwrap().expect("a mark key");
+    let other = theirs.mark_open().unwrap().expect("a mark key");
+    assert_ne!(key, other);
+    // The other tenant marks its own key, and guesses at ours.
+    let endpoint = mine.endpoint().to_owned();
+    assert!(
+        a.copy_tensor_to_mark(&ta, &tb, 256, &endpoint, (other, 1))
+            .unwrap()
+    );
+    assert!(!theirs.peer_mark(key ^ 0x5a5a, 1).unwrap());
+    assert!(!theirs.mark_wait(key, 1, 5_000).unwrap(), "not its key");
+    let t = std::time::Instant::now();
+    assert!(
+        !mine.mark_wait(key, 1, 300).unwrap(),
+        "their mark ended our wait"
+    );
+    assert!(t.elapsed() < std::time::Duration::from_secs(5));
+    // Our own mark does; then theirs still waits for theirs only.
+    assert!(
+        a.copy_tensor_to_mark(&ta, &tb, 256, &endpoint, (key, 2))
+            .unwrap()
+    );
+    assert!(mine.mark_wait(key, 2, 5_000).unwrap());
+    assert!(theirs.mark_wait(other, 1, 5_000).unwrap());
+    // Bounded keys per session.
+    let more: Vec<_> = (0..8).map(|_| mine.mark_open().unwrap()).collect();
+    assert_eq!(more.iter().filter(|k| k.is_some()).count(), 3);
+    assert_eq!(sb.shared().marks.len(), 5);
+    drop(mine);
+    wait_sessions(&sb, 2);
+    assert_eq!(sb.shared().marks.len(), 1, "keys go with their session");
+    // A mark for a key nobody holds is refused, and so is the copy.
+    assert!(
+        !a.copy_tensor_to_mark(&ta, &tb, 256, &endpoint, (key, 3))
+            .unwrap()
+    );
+}
+
+/// A wait whose copy never comes (the source died) answers 0 within its
+/// deadline, and the session serves on.
+#[test]
+fn a_wait_without_its_copy_fails_within_its_deadline() {
+    let sb = start(small());
+    let (mut b, tb) = setup(&sb, 16);
+    let key = b.mark_open().unwrap().expect("a mark key");
+    let t = std::time::Instant::now();
+    b.post_mark_wait(key, 1, 500).unwrap();
+    assert_eq!(b.get_tensor(&tb, 0, 64).unwrap().len(), 64);
+    assert_eq!(b.collect_posted().unwrap(), vec![false]);
+    let took = t.elapsed();
+    assert!(
+        took >= std::time::Duration::from_millis(500) && took < std::time::Duration::from_secs(10),
+        "{took:?}"
+    );
+}

@@ -48,7 +48,8 @@ fn command_bytes() {
         assert!(c.is_extension() && c.is_engine() && c.has_response());
     }
     assert!(!Command::CopyTensorTo.is_engine());
-    assert!(Command::from_byte(0xC9).is_err());
+    assert!(!Command::MarkOpen.is_engine() && !Command::CopyTensorToMark.is_engine());
+    assert!(Command::from_byte(0xCD).is_err());
 }
 
 #[test]

@@ -207,6 +207,42 @@ fn every_request_layout() {
             },
             frame(0xC8, &cat(&[&[0], &le32(5)])),
         ),
+        // The marks (server/marks.rs).
+        (Request::MarkOpen, frame(0xC9, &[])),
+        (
+            Request::MarkWait {
+                key: 7,
+                seq: 3,
+                timeout_ms: 100,
+            },
+            frame(0xCA, &cat(&[&le64(7), &le64(3), &le32(100)])),
+        ),
+        (
+            Request::PeerMark { key: 7, seq: 3 },
+            frame(0xCB, &cat(&[&le64(7), &le64(3)])),
+        ),
+        (
+            Request::CopyTensorToMark {
+                src: Box::new(t.clone()),
+                dst: Box::new(u.clone()),
+                size: 16,
+                key: 7,
+                seq: 3,
+                endpoint: "10.0.0.2:50052".into(),
+            },
+            frame(
+                0xCC,
+                &cat(&[
+                    &tb,
+                    &ub,
+                    &le64(16),
+                    &le64(7),
+                    &le64(3),
+                    &le32(14),
+                    b"10.0.0.2:50052",
+                ]),
+            ),
+        ),
     ];
     assert_eq!(cases.len(), Command::ALL.len());
     let sizes = [
@@ -260,6 +296,10 @@ fn every_response_layout() {
         (Command::CopyTensor, Response::Status(0), vec![0]),
         (Command::CopyTensorTo, Response::Status(1), vec![1]),
         (Command::PeerBarrier, Response::Status(1), vec![1]),
+        (Command::MarkOpen, Response::U64(7), le64(7)),
+        (Command::MarkWait, Response::Status(1), vec![1]),
+        (Command::PeerMark, Response::Status(0), vec![0]),
+        (Command::CopyTensorToMark, Response::Status(1), vec![1]),
         (
             Command::GetDeviceMemory,
             Response::DeviceMemory { free: 1, total: 2 },
@@ -274,7 +314,7 @@ fn every_response_layout() {
         (
             Command::ExtQuery,
             Response::Ext(ExtInfo::ours()),
-            cat(&[b"TRPC", &[1, 0, 0, 0], &le64(3)]),
+            cat(&[b"TRPC", &[1, 0, 0, 0], &le64(11)]),
         ),
         (
             Command::GetTensor,

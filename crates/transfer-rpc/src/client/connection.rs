@@ -9,7 +9,7 @@ use super::stats::Stats;
 use crate::error::{Result, RpcError};
 use crate::protocol::frame::{REQUEST_HEADER_SIZE, decode_response_header};
 use crate::protocol::hello::{
-    FEATURE_COPY_TENSOR_TO, FEATURE_ENGINE, FEATURE_PEER_BARRIER, HelloRequest,
+    FEATURE_COPY_TENSOR_TO, FEATURE_ENGINE, FEATURE_PEER_BARRIER, FEATURE_PEER_MARK, HelloRequest,
 };
 use crate::protocol::response::response_size;
 use crate::protocol::tensor::MAX_SRC;
@@ -638,6 +638,93 @@ impl Client {
     /// has been executed.
     pub fn peer_barrier(&mut self) -> Result<bool> {
         self.call_status(&Request::PeerBarrier)
+    }
+
+    /// True when the server serves the marks (MARK_OPEN, MARK_WAIT,
+    /// PEER_MARK, COPY_TENSOR_TO_MARK; asked at connect time).
+    pub fn supports_marks(&self) -> bool {
+        self.probe_extensions()
+            .is_some_and(|e| e.has(FEATURE_PEER_MARK))
+    }
+
+    /// MARK_OPEN: a mark key of this session; `None` when the server
+    /// refused (the session holds its limit of keys).
+    pub fn mark_open(&mut self) -> Result<Option<u64>> {
+        self.call_u64(&Request::MarkOpen)
+            .map(|k| (k != 0).then_some(k))
+    }
+
+    /// MARK_WAIT: `true` once mark `seq` of this session's `key` landed
+    /// (PEER_MARK from a source server), `false` after `timeout_ms` (capped
+    /// by the server) or for a key this session does not hold.
+    pub fn mark_wait(&mut self, key: u64, seq: u64, timeout_ms: u32) -> Result<bool> {
+        self.call_status(&Request::MarkWait {
+            key,
+            seq,
+            timeout_ms,
+        })
+    }
+
+    /// [`Client::mark_wait`] without reading the answer (see
+    /// [`Client::collect_posted`]): the server holds this connection's next
+    /// command until the mark landed.
+    pub fn post_mark_wait(&mut self, key: u64, seq: u64, timeout_ms: u32) -> Result<()> {
+        self.post_status(&Request::MarkWait {
+            key,
+            seq,
+            timeout_ms,
+        })
+    }
+
+    /// PEER_MARK: mark `seq` of `key` landed on this (destination) server;
+    /// `false` for a key nobody there holds.
+    pub fn peer_mark(&mut self, key: u64, seq: u64) -> Result<bool> {
+        self.call_status(&Request::PeerMark { key, seq })
+    }
+
+    /// COPY_TENSOR_TO_MARK: [`Client::copy_tensor_to`], then the source
+    /// server sends PEER_MARK(`key`, `seq`) to the destination after the
+    /// data. `Ok(false)`: the copy or the mark did not land.
+    pub fn copy_tensor_to_mark(
+        &mut self,
+        src: &RpcTensor,
+        dst: &RpcTensor,
+        size: u64,
+        endpoint: &str,
+        (key, seq): (u64, u64),
+    ) -> Result<bool> {
+        self.call_status(&Self::copy_mark_request(src, dst, size, endpoint, key, seq))
+    }
+
+    /// [`Client::copy_tensor_to_mark`] without reading the answer (see
+    /// [`Client::collect_posted`]).
+    pub fn post_copy_tensor_to_mark(
+        &mut self,
+        src: &RpcTensor,
+        dst: &RpcTensor,
+        size: u64,
+        endpoint: &str,
+        (key, seq): (u64, u64),
+    ) -> Result<()> {
+        self.post_status(&Self::copy_mark_request(src, dst, size, endpoint, key, seq))
+    }
+
+    fn copy_mark_request(
+        src: &RpcTensor,
+        dst: &RpcTensor,
+        size: u64,
+        endpoint: &str,
+        key: u64,
+        seq: u64,
+    ) -> Request<'static> {
+        Request::CopyTensorToMark {
+            src: Box::new(src.clone()),
+            dst: Box::new(dst.clone()),
+            size,
+            key,
+            seq,
+            endpoint: endpoint.to_owned(),
+        }
     }
 
     /// Sends raw bytes (tests and fuzzing of servers).

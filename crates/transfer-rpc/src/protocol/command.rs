@@ -69,11 +69,19 @@ pub enum Command {
     EngineWait = EXT_BASE + 7,
     /// Engine extension: close an inbound lane or an outbound target.
     EngineClose = EXT_BASE + 8,
+    /// Mark extension: a mark key for this session (server/marks.rs).
+    MarkOpen = EXT_BASE + 9,
+    /// Mark extension: answers once a mark of this session's key landed.
+    MarkWait = EXT_BASE + 10,
+    /// Mark extension: a mark landed (sent by a source server after its data).
+    PeerMark = EXT_BASE + 11,
+    /// Mark extension: COPY_TENSOR_TO followed by PEER_MARK on the destination.
+    CopyTensorToMark = EXT_BASE + 12,
 }
 
 impl Command {
     /// Every command, in byte order.
-    pub const ALL: [Command; 27] = [
+    pub const ALL: [Command; 31] = [
         Command::AllocBuffer,
         Command::GetAlignment,
         Command::GetMaxSize,
@@ -101,6 +109,10 @@ impl Command {
         Command::EngineWrite,
         Command::EngineWait,
         Command::EngineClose,
+        Command::MarkOpen,
+        Command::MarkWait,
+        Command::PeerMark,
+        Command::CopyTensorToMark,
     ];
 
     /// The byte on the wire.
@@ -124,7 +136,7 @@ impl Command {
 
     /// True for the ENGINE_* commands (served only by a server with an engine).
     pub fn is_engine(self) -> bool {
-        self.byte() >= Command::EngineInfo.byte()
+        (Command::EngineInfo.byte()..=Command::EngineClose.byte()).contains(&self.byte())
     }
 
     /// Upper-case name as in upstream's enum (without the `RPC_CMD_` prefix).
@@ -157,6 +169,10 @@ impl Command {
             Command::EngineWrite => "ENGINE_WRITE",
             Command::EngineWait => "ENGINE_WAIT",
             Command::EngineClose => "ENGINE_CLOSE",
+            Command::MarkOpen => "MARK_OPEN",
+            Command::MarkWait => "MARK_WAIT",
+            Command::PeerMark => "PEER_MARK",
+            Command::CopyTensorToMark => "COPY_TENSOR_TO_MARK",
         }
     }
 
@@ -193,7 +209,13 @@ mod tests {
         assert!(Command::from_byte(19).is_err());
         assert_eq!(Command::from_byte(0xC3).ok(), Some(Command::EngineInfo));
         assert_eq!(Command::from_byte(0xC8).ok(), Some(Command::EngineClose));
-        assert!(Command::from_byte(0xC9).is_err());
+        assert_eq!(Command::from_byte(0xC9).ok(), Some(Command::MarkOpen));
+        assert_eq!(
+            Command::from_byte(0xCC).ok(),
+            Some(Command::CopyTensorToMark)
+        );
+        assert!(Command::from_byte(0xCD).is_err());
         assert!(Command::EngineWait.is_engine() && !Command::PeerBarrier.is_engine());
+        assert!(!Command::MarkWait.is_engine() && Command::MarkWait.is_extension());
     }
 }

@@ -115,6 +115,9 @@ pub const FEATURE_PEER_BARRIER: u64 = 1 << 1;
 /// Feature bit: the server has a TransferEngine and serves ENGINE_*
 /// (0xC3..=0xC8); set only when it was started with an engine.
 pub const FEATURE_ENGINE: u64 = 1 << 2;
+/// Feature bit: MARK_OPEN, MARK_WAIT, PEER_MARK and COPY_TENSOR_TO_MARK
+/// are served (0xC9..=0xCC).
+pub const FEATURE_PEER_MARK: u64 = 1 << 3;
 /// EXT_QUERY response size.
 pub const EXT_INFO_SIZE: usize = 16;
 
@@ -135,7 +138,7 @@ impl ExtInfo {
         ExtInfo {
             major: EXT_MAJOR,
             minor: EXT_MINOR,
-            features: FEATURE_COPY_TENSOR_TO | FEATURE_PEER_BARRIER,
+            features: FEATURE_COPY_TENSOR_TO | FEATURE_PEER_BARRIER | FEATURE_PEER_MARK,
         }
     }
 
@@ -215,7 +218,7 @@ mod tests {
         let b = ExtInfo::ours().encode();
         assert_eq!(&b[..4], b"TRPC");
         assert_eq!(&b[4..8], &[1, 0, 0, 0]);
-        assert_eq!(&b[8..16], &3u64.to_le_bytes());
+        assert_eq!(&b[8..16], &11u64.to_le_bytes());
         let e = ExtInfo::decode(&b);
         assert!(e.is_ok_and(|e| e.has(FEATURE_COPY_TENSOR_TO) && e.has(FEATURE_PEER_BARRIER)));
         let mut bad = b.clone();

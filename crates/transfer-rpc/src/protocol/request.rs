@@ -233,6 +233,62 @@ pub enum Request<'a> {
         /// The lane or outbound id.
         id: u32,
     },
+    /// MARK_OPEN (mark extension).
+    MarkOpen,
+    /// MARK_WAIT (mark extension), on the destination's own session.
+    MarkWait {
+        /// A key this session opened.
+        key: u64,
+        /// The mark to wait for (> 0).
+        seq: u64,
+        /// How long to wait (the server caps it).
+        timeout_ms: u32,
+    },
+    /// PEER_MARK (mark extension), from the source server.
+    PeerMark {
+        /// The destination session's key.
+        key: u64,
+        /// The mark (> 0).
+        seq: u64,
+    },
+    /// COPY_TENSOR_TO_MARK (mark extension): COPY_TENSOR_TO, then
+    /// PEER_MARK(key, seq) to the destination after the data.
+    CopyTensorToMark {
+        /// Source tensor on the server receiving the request.
+        src: Box<RpcTensor>,
+        /// Destination tensor on the server at `endpoint`.
+        dst: Box<RpcTensor>,
+        /// Bytes to copy from the start of `src`.
+        size: u64,
+        /// The destination session's mark key.
+        key: u64,
+        /// The mark.
+        seq: u64,
+        /// `host:port` of the destination server.
+        endpoint: String,
+    },
+}
+
+/// Size of a MARK_WAIT payload.
+pub const MARK_WAIT_SIZE: usize = 20;
+/// Size of a PEER_MARK payload.
+pub const PEER_MARK_SIZE: usize = 16;
+
+/// The `endpoint_len u32 | endpoint` tail of COPY_TENSOR_TO(_MARK).
+fn endpoint_tail(call: &'static str, r: &mut Reader<'_>) -> Result<String> {
+    let len = r.u32()? as usize;
+    if len == 0 || len > MAX_ENDPOINT_LEN || len != r.remaining() {
+        return Err(RpcError::malformed(
+            call,
+            format!(
+                "endpoint length {len} (max {MAX_ENDPOINT_LEN}, {} bytes follow)",
+                r.remaining()
+            ),
+        ));
+    }
+    Ok(std::str::from_utf8(r.bytes(len)?)
+        .map_err(|_| RpcError::malformed(call, "endpoint is not UTF-8"))?
+        .to_owned())
 }
 
 fn device_only(call: &'static str, r: &mut Reader<'_>) -> Result<u32> {
@@ -284,6 +340,10 @@ impl<'a> Request<'a> {
             Request::EngineWrite { .. } => Command::EngineWrite,
             Request::EngineWait { .. } => Command::EngineWait,
             Request::EngineClose { .. } => Command::EngineClose,
+            Request::MarkOpen => Command::MarkOpen,
+            Request::MarkWait { .. } => Command::MarkWait,
+            Request::PeerMark { .. } => Command::PeerMark,
+            Request::CopyTensorToMark { .. } => Command::CopyTensorToMark,
         }
     }
 
@@ -409,24 +469,47 @@ impl<'a> Request<'a> {
                 let src = tensor(&mut r)?;
                 let dst = tensor(&mut r)?;
                 let size = r.u64()?;
-                let len = r.u32()? as usize;
-                if len == 0 || len > MAX_ENDPOINT_LEN || len != r.remaining() {
-                    return Err(RpcError::malformed(
-                        call,
-                        format!(
-                            "endpoint length {len} (max {MAX_ENDPOINT_LEN}, {} bytes follow)",
-                            r.remaining()
-                        ),
-                    ));
-                }
-                let endpoint = std::str::from_utf8(r.bytes(len)?)
-                    .map_err(|_| RpcError::malformed(call, "endpoint is not UTF-8"))?
-                    .to_owned();
+                let endpoint = endpoint_tail(call, &mut r)?;
                 Request::CopyTensorTo {
                     src,
                     dst,
                     size,
                     endpoint,
+                }
+            }
+            Command::CopyTensorToMark => {
+                let src = tensor(&mut r)?;
+                let dst = tensor(&mut r)?;
+                let size = r.u64()?;
+                let key = r.u64()?;
+                let seq = r.u64()?;
+                let endpoint = endpoint_tail(call, &mut r)?;
+                Request::CopyTensorToMark {
+                    src,
+                    dst,
+                    size,
+                    key,
+                    seq,
+                    endpoint,
+                }
+            }
+            Command::MarkOpen => {
+                expect_len(call, p, 0)?;
+                Request::MarkOpen
+            }
+            Command::MarkWait => {
+                expect_len(call, p, MARK_WAIT_SIZE)?;
+                Request::MarkWait {
+                    key: r.u64()?,
+                    seq: r.u64()?,
+                    timeout_ms: r.u32()?,
+                }
+            }
+            Command::PeerMark => {
+                expect_len(call, p, PEER_MARK_SIZE)?;
+                Request::PeerMark {
+                    key: r.u64()?,
+                    seq: r.u64()?,
                 }
             }
             Command::PeerBarrier => {
@@ -555,7 +638,37 @@ impl<'a> Request<'a> {
             Request::DeviceCount
             | Request::ExtQuery
             | Request::PeerBarrier
-            | Request::EngineInfo => {}
+            | Request::EngineInfo
+            | Request::MarkOpen => {}
+            Request::MarkWait {
+                key,
+                seq,
+                timeout_ms,
+            } => {
+                o.put_u64(*key);
+                o.put_u64(*seq);
+                o.put_u32(*timeout_ms);
+            }
+            Request::PeerMark { key, seq } => {
+                o.put_u64(*key);
+                o.put_u64(*seq);
+            }
+            Request::CopyTensorToMark {
+                src,
+                dst,
+                size,
+                key,
+                seq,
+                endpoint,
+            } => {
+                src.encode_into(&mut o);
+                dst.encode_into(&mut o);
+                o.put_u64(*size);
+                o.put_u64(*key);
+                o.put_u64(*seq);
+                o.put_u32(endpoint.len() as u32);
+                o.extend_from_slice(endpoint.as_bytes());
+            }
             Request::EngineOpenInbound {
                 buffer,
                 offset,

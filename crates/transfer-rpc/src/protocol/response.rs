@@ -102,6 +102,8 @@ pub fn expected_size(cmd: Command, expected_data: usize) -> Option<usize> {
         Command::EngineOpenInbound => Some(5 + MAX_ENGINE_BYTES),
         Command::EngineOpenOutbound => Some(ENGINE_OUTBOUND_RESPONSE_SIZE),
         Command::EngineWrite | Command::EngineWait | Command::EngineClose => Some(1),
+        Command::MarkWait | Command::PeerMark | Command::CopyTensorToMark => Some(1),
+        Command::MarkOpen => Some(8),
         Command::AllocBuffer | Command::GetDeviceMemory | Command::ExtQuery => Some(16),
         Command::GetAlignment
         | Command::GetMaxSize
@@ -183,7 +185,8 @@ impl Response {
             Command::GetAlignment
             | Command::GetMaxSize
             | Command::BufferGetBase
-            | Command::GetAllocSize => {
+            | Command::GetAllocSize
+            | Command::MarkOpen => {
                 expect_len(call, p, 8)?;
                 Response::U64(r.u64()?)
             }
@@ -193,7 +196,10 @@ impl Response {
             | Command::PeerBarrier
             | Command::EngineWrite
             | Command::EngineWait
-            | Command::EngineClose => {
+            | Command::EngineClose
+            | Command::MarkWait
+            | Command::PeerMark
+            | Command::CopyTensorToMark => {
                 expect_len(call, p, 1)?;
                 Response::Status(r.u8()?)
             }

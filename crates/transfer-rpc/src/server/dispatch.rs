@@ -1,6 +1,7 @@
 //! Command handlers of a session.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::compute::{StoredGraph, next_graph_key};
 use super::fair::{check_work, graph_work};
@@ -9,6 +10,12 @@ use crate::error::{Result, RpcError};
 use crate::protocol::hello::{ExtInfo, HelloResponse};
 use crate::protocol::{Request, Response, RpcTensor};
 use crate::validate::{CheckedTensor, check_shape, check_tensor, validate_graph};
+
+/// Longest MARK_WAIT (a client asks for less): the plugin's default answer
+/// deadline.
+const MAX_MARK_WAIT: Duration = Duration::from_secs(300);
+/// A MARK_WAIT checks for a server shutdown this often.
+const MARK_WAIT_SLICE: Duration = Duration::from_millis(250);
 
 impl Session {
     fn check_device(&self, call: &'static str, device: u32) -> Result<()> {
@@ -296,32 +303,95 @@ impl Session {
                 dst,
                 size,
                 endpoint,
+            } => self.copy_tensor_to("COPY_TENSOR_TO", &src, &dst, size, &endpoint, None),
+            Request::CopyTensorToMark {
+                src,
+                dst,
+                size,
+                key,
+                seq,
+                endpoint,
+            } => self.copy_tensor_to(
+                "COPY_TENSOR_TO_MARK",
+                &src,
+                &dst,
+                size,
+                &endpoint,
+                Some((key, seq)),
+            ),
+            Request::MarkOpen => {
+                let key = self.shared.marks.open(self.id).unwrap_or(0);
+                Session::respond(Response::U64(key))
+            }
+            Request::PeerMark { key, seq } => {
+                let ok = self.shared.marks.mark(key, seq);
+                Session::respond(Response::Status(u8::from(ok)))
+            }
+            Request::MarkWait {
+                key,
+                seq,
+                timeout_ms,
             } => {
-                let s = self.tensor("COPY_TENSOR_TO", &src)?;
-                let (region, at) = s.range("COPY_TENSOR_TO", 0, size)?;
-                cfg.limits.check("COPY_TENSOR_TO", size)?;
-                check_shape("COPY_TENSOR_TO", &dst)?;
-                if let Err(e) = self.peers.check_allowed(&endpoint) {
-                    self.shared.log(&format!("session {}: {e}", self.id));
-                    return Session::respond(Response::Status(0));
-                }
-                let chunk = self.stage_chunk(size);
-                let _held = self.reserve("COPY_TENSOR_TO", chunk, self.wait_until())?;
-                // A piece at a time; no lock is held while talking to the peer.
-                let read = |off: u64, n: u64| {
-                    reg.read_range("COPY_TENSOR_TO", region.handle, at + off, n)
-                        .map_err(|e| e.to_string())
-                };
-                match self.peers.copy(&endpoint, &dst, size, chunk, read) {
-                    Ok(()) => Session::respond(Response::Status(1)),
-                    Err(reason) => {
-                        self.shared.log(&format!(
-                            "session {}: COPY_TENSOR_TO {endpoint} answered 0: {reason}",
-                            self.id
-                        ));
-                        Session::respond(Response::Status(0))
+                let until = Instant::now()
+                    + Duration::from_millis(u64::from(timeout_ms)).min(MAX_MARK_WAIT);
+                // In slices, so that a server shutting down is not held
+                // up by a wait.
+                let ok = loop {
+                    let slice = until.min(Instant::now() + MARK_WAIT_SLICE);
+                    if self.shared.marks.wait(self.id, key, seq, slice) {
+                        break true;
                     }
+                    if Instant::now() >= until || self.shared.stopping() {
+                        break false;
+                    }
+                };
+                if !ok {
+                    self.shared.log(&format!(
+                        "session {}: MARK_WAIT for mark {seq} answered 0 (no such key, or the copy did not land within {timeout_ms} ms)",
+                        self.id
+                    ));
                 }
+                Session::respond(Response::Status(u8::from(ok)))
+            }
+        }
+    }
+
+    /// COPY_TENSOR_TO, and with `mark` COPY_TENSOR_TO_MARK (the peer
+    /// connection then ends with PEER_MARK instead of PEER_BARRIER).
+    fn copy_tensor_to(
+        &mut self,
+        call: &'static str,
+        src: &RpcTensor,
+        dst: &RpcTensor,
+        size: u64,
+        endpoint: &str,
+        mark: Option<(u64, u64)>,
+    ) -> Result<Option<Response>> {
+        let shared = Arc::clone(&self.shared);
+        let (cfg, reg) = (&shared.config, shared.registry.as_ref());
+        let s = self.tensor(call, src)?;
+        let (region, at) = s.range(call, 0, size)?;
+        cfg.limits.check(call, size)?;
+        check_shape(call, dst)?;
+        if let Err(e) = self.peers.check_allowed(endpoint) {
+            self.shared.log(&format!("session {}: {e}", self.id));
+            return Session::respond(Response::Status(0));
+        }
+        let chunk = self.stage_chunk(size);
+        let _held = self.reserve(call, chunk, self.wait_until())?;
+        // A piece at a time; no lock is held while talking to the peer.
+        let read = |off: u64, n: u64| {
+            reg.read_range(call, region.handle, at + off, n)
+                .map_err(|e| e.to_string())
+        };
+        match self.peers.copy(endpoint, dst, size, chunk, mark, read) {
+            Ok(()) => Session::respond(Response::Status(1)),
+            Err(reason) => {
+                self.shared.log(&format!(
+                    "session {}: {call} {endpoint} answered 0: {reason}",
+                    self.id
+                ));
+                Session::respond(Response::Status(0))
             }
         }
     }

@@ -23,6 +23,7 @@ pub mod fair;
 pub mod ggml_backend;
 pub mod host_memory;
 pub mod isolated;
+pub mod marks;
 pub mod peer;
 pub mod registry;
 pub mod session;
@@ -68,6 +69,8 @@ pub struct Shared {
     pub admission: Arc<Admission>,
     /// Bytes requests hold outside the buffer quota.
     pub budget: Arc<InflightBudget>,
+    /// Mark keys of the sessions (MARK_OPEN, MARK_WAIT, PEER_MARK).
+    pub marks: marks::Marks,
 }
 
 impl Shared {
@@ -79,6 +82,11 @@ impl Shared {
     /// Connections closed because of refused or malformed input so far.
     pub fn refused_connections(&self) -> u64 {
         self.closed_with_error.load(Ordering::Relaxed)
+    }
+
+    /// True once the server is shutting down.
+    pub fn stopping(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
     }
 
     /// Sessions currently connected.
@@ -143,6 +151,7 @@ impl Server {
             closed_with_error: AtomicU64::new(0),
             admission,
             budget: InflightBudget::with_share(config.inflight_budget, config.inflight_per_address),
+            marks: marks::Marks::default(),
             config,
         });
         Ok(Server { shared, listener })

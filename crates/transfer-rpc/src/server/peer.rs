@@ -17,7 +17,7 @@ use std::time::Duration;
 use crate::client::{Client, ClientConfig};
 use crate::error::{Result, RpcError};
 use crate::protocol::RpcTensor;
-use crate::protocol::hello::{FEATURE_PEER_BARRIER, HelloResponse};
+use crate::protocol::hello::{FEATURE_PEER_BARRIER, FEATURE_PEER_MARK, HelloResponse};
 
 /// One rule of [`PeerAllow`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -206,7 +206,9 @@ impl PeerPool {
     }
 
     /// Writes `size` bytes into `dst` on `endpoint`, `chunk` bytes at a
-    /// time as `read(offset, len)` gives them, and waits for PEER_BARRIER.
+    /// time as `read(offset, len)` gives them, and waits for PEER_BARRIER,
+    /// or with `mark = Some((key, seq))` for PEER_MARK (the destination's
+    /// MARK_WAIT ends with it; served in order, so after the data).
     /// Returns false (with the reason) on any failure; the connection is
     /// dropped so the next attempt starts fresh.
     pub fn copy(
@@ -215,6 +217,7 @@ impl PeerPool {
         dst: &RpcTensor,
         size: u64,
         chunk: u64,
+        mark: Option<(u64, u64)>,
         mut read: impl FnMut(u64, u64) -> std::result::Result<Vec<u8>, String>,
     ) -> std::result::Result<(), String> {
         if self.unsupported.contains(endpoint) {
@@ -253,6 +256,13 @@ impl PeerPool {
         let Some(conn) = self.conns.get_mut(endpoint) else {
             return Err("peer connection vanished".into());
         };
+        if mark.is_some()
+            && !conn
+                .probe_extensions()
+                .is_some_and(|e| e.has(FEATURE_PEER_MARK))
+        {
+            return Err(format!("{endpoint} does not serve PEER_MARK"));
+        }
         let mut done = 0u64;
         let mut result = Ok(true);
         while done < size {
@@ -264,12 +274,19 @@ impl PeerPool {
             }
             done += n;
         }
-        let result = result.and_then(|_| conn.peer_barrier());
+        let result = result.and_then(|_| match mark {
+            Some((key, seq)) => conn.peer_mark(key, seq),
+            None => conn.peer_barrier(),
+        });
         match result {
             Ok(true) => Ok(()),
             Ok(false) => {
                 self.forget(endpoint);
-                Err("peer barrier failed".into())
+                Err(if mark.is_some() {
+                    "the destination holds no such mark key".into()
+                } else {
+                    "peer barrier failed".into()
+                })
             }
             Err(e) => {
                 self.forget(endpoint);

@@ -406,6 +406,7 @@ impl Session {
             // Posted writes may still read this session's buffers.
             e.close(&self.shared);
         }
+        self.shared.marks.close_session(self.id);
         let freed = self.shared.registry.free_all(self.id);
         if freed > 0 {
             self.shared.backend.buffers_freed();
