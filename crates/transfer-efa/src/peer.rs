@@ -1,6 +1,7 @@
 //! Resolved peers: AV entries, the address cache, and dead-peer marks.
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use transfer_core::{PeerId, PeerLoss, Result, TransferError};
 
@@ -16,6 +17,8 @@ pub(crate) struct Peer {
     pub(crate) dead: Option<String>,
     /// Connection errors since the last success.
     pub(crate) strikes: u32,
+    /// When it last answered (a completion or a non-connection error).
+    pub(crate) answered: Option<Instant>,
 }
 
 /// Peers of one domain.
@@ -43,6 +46,7 @@ impl Peers {
                 raw: raw.to_vec(),
                 dead: None,
                 strikes: 0,
+                answered: None,
             },
         );
         self.by_raw.insert(raw.to_vec(), id);
@@ -116,11 +120,41 @@ impl Peers {
     pub(crate) fn success(&mut self, id: PeerId) {
         if let Some(p) = self.by_id.get_mut(&id.0) {
             p.strikes = 0;
+            p.answered = Some(Instant::now());
         }
+    }
+
+    /// Whether `id` answered within `limit` before `now`: its connection
+    /// moves, so its other operations wait their turn, they are not lost.
+    pub(crate) fn answered_within(&self, id: PeerId, now: Instant, limit: Duration) -> bool {
+        self.by_id
+            .get(&id.0)
+            .and_then(|p| p.answered)
+            .is_some_and(|t| now.saturating_duration_since(t) <= limit)
     }
 
     /// Whether the peer is marked dead.
     pub(crate) fn is_dead(&self, id: PeerId) -> bool {
         self.by_id.get(&id.0).is_some_and(|p| p.dead.is_some())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peer_is_alive_for_the_limit_after_its_last_answer() {
+        let mut peers = Peers::default();
+        let id = peers.add(b"peer", 0);
+        let limit = Duration::from_millis(100);
+        // Never answered: nothing vouches for it.
+        assert!(!peers.answered_within(id, Instant::now(), limit));
+        peers.success(id);
+        let now = Instant::now();
+        assert!(peers.answered_within(id, now, limit));
+        assert!(!peers.answered_within(id, now + 2 * limit, limit));
+        // Unknown peers never count as alive.
+        assert!(!peers.answered_within(PeerId(id.0 + 1), now, limit));
     }
 }

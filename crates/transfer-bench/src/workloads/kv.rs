@@ -16,6 +16,28 @@ use crate::workloads::signal::{self, Armed};
 use crate::workloads::spec::{KvParams, fill, shuffle};
 use crate::workloads::unit_io::check_unit;
 
+/// How often the prefill, waiting for decode's ack, looks at its writes.
+const ACK_CHECK: Duration = Duration::from_millis(50);
+
+/// Waits for decode's ack; a write of this iteration that failed ends the
+/// wait with its error (decode then never acks, and the wait would
+/// otherwise last the whole guard and say only that the ack never came).
+fn wait_ack(ctx: &Ctx, flags: &[Arc<DoneFlag>]) -> Result<()> {
+    let deadline = Instant::now() + GUARD;
+    let mut ack = signal::arm(&ctx.engine, imm::ACK, 1, "decode's ack");
+    loop {
+        if ack.wait_until((Instant::now() + ACK_CHECK).min(deadline))? {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(protocol("workloads: wait", "decode's ack never arrived"));
+        }
+        if let Some(Err(e)) = flags.iter().find_map(|f| f.result().filter(Result::is_err)) {
+            return Err(e.into());
+        }
+    }
+}
+
 /// Ranks of a kv run.
 pub const RANKS: usize = 2;
 
@@ -141,7 +163,7 @@ impl Kv {
                 flags.push(flag);
             }
         }
-        ctx.take_imms(imm::ACK, 1, "decode's ack")?;
+        wait_ack(ctx, &flags)?;
         let ack = Instant::now();
         wait_flags(&ctx.engine, &flags)?;
         let ttll_us = ack.duration_since(compute_end).as_secs_f64() * 1e6;

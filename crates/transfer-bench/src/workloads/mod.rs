@@ -185,8 +185,9 @@ fn config(opts: &BackendOpts, layout: &str) -> Result<String> {
         opts.nics,
         match crate::workloads::signal::progress_mode(opts)? {
             transfer_core::ProgressMode::Caller => "caller-driven progress (no worker thread: \
-                 the thread that submits posts, the thread that waits polls, yielding on every \
-                 idle poll; kv prefill drives progress during its compute), receivers \
+                 the thread that submits posts, the thread that waits polls, yielding on idle \
+                 polls for its first 50 µs, then napping 20 µs; kv prefill drives progress \
+                 during its compute), receivers \
                  wait on imm_future expectations"
                 .to_string(),
             transfer_core::ProgressMode::Thread => format!(

@@ -34,20 +34,64 @@ impl Wake for Unpark {
     }
 }
 
+/// How long a caller-driven wait yields on every idle round before it
+/// naps instead ([`idle_round`]).
+const YIELD_FOR: Duration = Duration::from_micros(50);
+
+/// One nap of a caller-driven wait past [`YIELD_FOR`] (the thread's timer
+/// slack is set to 1 µs at its first nap, so it lasts about this long).
+const NAP: Duration = Duration::from_micros(20);
+
+/// One idle round of a caller-driven wait that began at `since`: the core
+/// is given away, by `sched_yield` for the first [`YIELD_FOR`], then by a
+/// short sleep.
+///
+/// Why not yield throughout (Open MPI's way when oversubscribed): on this
+/// machine's kernel (6.18, EEVDF) a rank that yields on every idle round
+/// keeps its core. Traced (moe E=4 T=1 shm, per-poll timestamps): waiting
+/// ranks polled every ~7 µs for 0.7-1.5 ms while the rank that had the
+/// data to process, or the one the coordinator had just woken, went
+/// 160-1500 µs without a core. Measured interleaved with Open MPI
+/// (`workloads run --workload moe --provider shm`, 4 rounds of 40
+/// repeats, load 15-17 on 2 cores from other jobs; medians of the rounds'
+/// medians, yield-only -> yield 50 µs then 20 µs naps, Open MPI):
+/// T=8 dispatch 6144 -> 2018 us (2052), combine 8334 -> 2508 us (4456);
+/// T=1 dispatch 823 -> 387 us (80), combine 480 -> 446 us (190).
+fn idle_round(since: Instant) {
+    if since.elapsed() < YIELD_FOR {
+        std::thread::yield_now();
+        return;
+    }
+    thread_local! {
+        // Timer slack is per thread: set once on each thread that naps.
+        static SLACK: () = {
+            // SAFETY: PR_SET_TIMERSLACK takes a plain integer (nanoseconds)
+            // and only changes this thread's timer slack; a failure leaves
+            // the default slack (50 µs), i.e. longer naps.
+            unsafe {
+                libc::prctl(libc::PR_SET_TIMERSLACK, 1000 as libc::c_ulong);
+            }
+        };
+    }
+    SLACK.with(|()| ());
+    std::thread::sleep(NAP);
+}
+
 /// Blocks this thread (parked, not spinning) until `f` resolves or
 /// `deadline` passes (`None`).
 ///
-/// With caller-driven progress each poll drives the NICs and the future
-/// wakes itself (a busy poll, as MPI's waits are) and every idle round
-/// yields the core, as Open MPI does when oversubscribed (mpirun
-/// --oversubscribe sets mpi_yield_when_idle): a shm write moves only while
-/// its target polls, so 4-6 ranks on 2 cores must take turns quickly.
-/// Yielding every 64th idle round instead left moe E=4 T=1 ranks ~180 µs
-/// apart (a staircase 20/400/580/770 µs over the 4 ranks, shm, load ~5);
-/// every round: 80/200/230/300 µs.
-fn block_on<F: Future + Unpin>(f: &mut F, deadline: Instant) -> Option<F::Output> {
+/// With caller-driven progress (`caller`) each poll drives the NICs and
+/// the future wakes itself (a busy poll, as MPI's waits are) and every
+/// idle round gives the core away ([`idle_round`]): a shm write moves only
+/// while its target polls, so 4-6 ranks on 2 cores must take turns
+/// quickly. Yielding every 64th idle round instead left moe E=4 T=1 ranks
+/// ~180 µs apart (a staircase 20/400/580/770 µs over the 4 ranks, shm,
+/// load ~5); every round: 80/200/230/300 µs. With worker threads the
+/// worker that counts the last immediate unparks this thread.
+fn block_on<F: Future + Unpin>(f: &mut F, deadline: Instant, caller: bool) -> Option<F::Output> {
     let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
     let mut cx = Context::from_waker(&waker);
+    let since = Instant::now();
     loop {
         if let Poll::Ready(v) = Pin::new(&mut *f).poll(&mut cx) {
             return Some(v);
@@ -56,7 +100,11 @@ fn block_on<F: Future + Unpin>(f: &mut F, deadline: Instant) -> Option<F::Output
         if now >= deadline {
             return None;
         }
-        std::thread::yield_now();
+        if caller {
+            idle_round(since);
+        } else {
+            std::thread::yield_now();
+        }
         std::thread::park_timeout(deadline - now);
     }
 }
@@ -65,6 +113,7 @@ fn block_on<F: Future + Unpin>(f: &mut F, deadline: Instant) -> Option<F::Output
 pub struct Armed {
     fut: ImmFuture,
     what: &'static str,
+    caller: bool,
 }
 
 /// Arms a counter on `engine`: met once `count` immediates `imm` have
@@ -74,18 +123,29 @@ pub fn arm(engine: &TransferEngine, imm: u32, count: u64, what: &'static str) ->
     Armed {
         fut: engine.imm_future(imm, count),
         what,
+        caller: engine.progress_mode() == ProgressMode::Caller,
     }
 }
 
 impl Armed {
     /// Blocks until the counter reached its target or `deadline` passed.
     pub fn wait(&mut self, deadline: Instant) -> Result<()> {
-        match block_on(&mut self.fut, deadline) {
-            Some(r) => Ok(r?),
-            None => Err(protocol(
+        if self.wait_until(deadline)? {
+            Ok(())
+        } else {
+            Err(protocol(
                 "workloads: wait",
                 format!("{} never arrived", self.what),
-            )),
+            ))
+        }
+    }
+
+    /// Blocks until the counter reached its target (true) or `deadline`
+    /// passed (false: still armed, wait again).
+    pub fn wait_until(&mut self, deadline: Instant) -> Result<bool> {
+        match block_on(&mut self.fut, deadline, self.caller) {
+            Some(r) => r.map(|()| true).map_err(Into::into),
+            None => Ok(false),
         }
     }
 }
@@ -105,13 +165,14 @@ pub fn wait_imms(
 }
 
 /// Waits for local completions. Caller-driven: drives the engine (nothing
-/// else does), yielding on every idle pass. Worker threads: a few yields, then
-/// sleeps growing to 200 µs, so the waiter does not take the cores from the
+/// else does), giving the core away on every idle pass ([`idle_round`]).
+/// Worker threads: a few yields, then sleeps growing to 200 µs, so the waiter does not take the cores from the
 /// workers that still move bytes (only buffer reuse waits on these; no
 /// metric ends here).
 pub fn wait_flags(engine: &TransferEngine, flags: &[Arc<DoneFlag>]) -> Result<()> {
     let deadline = Instant::now() + GUARD;
     let caller = engine.progress_mode() == ProgressMode::Caller;
+    let since = Instant::now();
     for f in flags {
         let mut nap = Duration::from_micros(5);
         let mut rounds = 0u32;
@@ -122,7 +183,7 @@ pub fn wait_flags(engine: &TransferEngine, flags: &[Arc<DoneFlag>]) -> Result<()
             rounds = rounds.wrapping_add(1);
             if caller {
                 if !engine.progress() {
-                    std::thread::yield_now();
+                    idle_round(since);
                 }
             } else if rounds < 16 {
                 std::thread::yield_now();
