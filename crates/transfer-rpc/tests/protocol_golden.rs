@@ -150,6 +150,7 @@ fn every_request_layout() {
                 src: Box::new(t.clone()),
                 dst: Box::new(u.clone()),
                 size: 16,
+                mark: None,
                 endpoint: "10.0.0.2:50052".into(),
             },
             frame(
@@ -222,12 +223,11 @@ fn every_request_layout() {
             frame(0xCB, &cat(&[&le64(7), &le64(3)])),
         ),
         (
-            Request::CopyTensorToMark {
+            Request::CopyTensorTo {
                 src: Box::new(t.clone()),
                 dst: Box::new(u.clone()),
                 size: 16,
-                key: 7,
-                seq: 3,
+                mark: Some((7, 3)),
                 endpoint: "10.0.0.2:50052".into(),
             },
             frame(

@@ -626,12 +626,7 @@ impl Client {
         size: u64,
         endpoint: &str,
     ) -> Result<bool> {
-        self.call_status(&Request::CopyTensorTo {
-            src: Box::new(src.clone()),
-            dst: Box::new(dst.clone()),
-            size,
-            endpoint: endpoint.to_owned(),
-        })
+        self.call_status(&Self::copy_request(src, dst, size, endpoint, None))
     }
 
     /// PEER_BARRIER: returns once every earlier command on this connection
@@ -691,9 +686,9 @@ impl Client {
         dst: &RpcTensor,
         size: u64,
         endpoint: &str,
-        (key, seq): (u64, u64),
+        mark: (u64, u64),
     ) -> Result<bool> {
-        self.call_status(&Self::copy_mark_request(src, dst, size, endpoint, key, seq))
+        self.call_status(&Self::copy_request(src, dst, size, endpoint, Some(mark)))
     }
 
     /// [`Client::copy_tensor_to_mark`] without reading the answer (see
@@ -704,25 +699,23 @@ impl Client {
         dst: &RpcTensor,
         size: u64,
         endpoint: &str,
-        (key, seq): (u64, u64),
+        mark: (u64, u64),
     ) -> Result<()> {
-        self.post_status(&Self::copy_mark_request(src, dst, size, endpoint, key, seq))
+        self.post_status(&Self::copy_request(src, dst, size, endpoint, Some(mark)))
     }
 
-    fn copy_mark_request(
+    fn copy_request(
         src: &RpcTensor,
         dst: &RpcTensor,
         size: u64,
         endpoint: &str,
-        key: u64,
-        seq: u64,
+        mark: Option<(u64, u64)>,
     ) -> Request<'static> {
-        Request::CopyTensorToMark {
+        Request::CopyTensorTo {
             src: Box::new(src.clone()),
             dst: Box::new(dst.clone()),
             size,
-            key,
-            seq,
+            mark,
             endpoint: endpoint.to_owned(),
         }
     }

@@ -165,7 +165,10 @@ pub enum Request<'a> {
     },
     /// EXT_QUERY (extension).
     ExtQuery,
-    /// COPY_TENSOR_TO (extension).
+    /// COPY_TENSOR_TO (extension), or COPY_TENSOR_TO_MARK (mark
+    /// extension) when `mark` is set: the copy, then PEER_MARK(key, seq)
+    /// to the destination after the data. One variant: the two commands
+    /// differ only by the mark between `size` and the endpoint.
     CopyTensorTo {
         /// Source tensor on the server receiving the request.
         src: Box<RpcTensor>,
@@ -173,6 +176,9 @@ pub enum Request<'a> {
         dst: Box<RpcTensor>,
         /// Bytes to copy from the start of `src`.
         size: u64,
+        /// The destination session's mark key and the mark (> 0):
+        /// COPY_TENSOR_TO_MARK.
+        mark: Option<(u64, u64)>,
         /// `host:port` of the destination server.
         endpoint: String,
     },
@@ -251,22 +257,6 @@ pub enum Request<'a> {
         /// The mark (> 0).
         seq: u64,
     },
-    /// COPY_TENSOR_TO_MARK (mark extension): COPY_TENSOR_TO, then
-    /// PEER_MARK(key, seq) to the destination after the data.
-    CopyTensorToMark {
-        /// Source tensor on the server receiving the request.
-        src: Box<RpcTensor>,
-        /// Destination tensor on the server at `endpoint`.
-        dst: Box<RpcTensor>,
-        /// Bytes to copy from the start of `src`.
-        size: u64,
-        /// The destination session's mark key.
-        key: u64,
-        /// The mark.
-        seq: u64,
-        /// `host:port` of the destination server.
-        endpoint: String,
-    },
 }
 
 /// Size of a MARK_WAIT payload.
@@ -332,7 +322,8 @@ impl<'a> Request<'a> {
             Request::GraphRecompute { .. } => Command::GraphRecompute,
             Request::MemsetTensor { .. } => Command::MemsetTensor,
             Request::ExtQuery => Command::ExtQuery,
-            Request::CopyTensorTo { .. } => Command::CopyTensorTo,
+            Request::CopyTensorTo { mark: None, .. } => Command::CopyTensorTo,
+            Request::CopyTensorTo { mark: Some(_), .. } => Command::CopyTensorToMark,
             Request::PeerBarrier => Command::PeerBarrier,
             Request::EngineInfo => Command::EngineInfo,
             Request::EngineOpenInbound { .. } => Command::EngineOpenInbound,
@@ -343,7 +334,6 @@ impl<'a> Request<'a> {
             Request::MarkOpen => Command::MarkOpen,
             Request::MarkWait { .. } => Command::MarkWait,
             Request::PeerMark { .. } => Command::PeerMark,
-            Request::CopyTensorToMark { .. } => Command::CopyTensorToMark,
         }
     }
 
@@ -465,31 +455,21 @@ impl<'a> Request<'a> {
                 expect_len(call, p, 0)?;
                 Request::ExtQuery
             }
-            Command::CopyTensorTo => {
+            Command::CopyTensorTo | Command::CopyTensorToMark => {
                 let src = tensor(&mut r)?;
                 let dst = tensor(&mut r)?;
                 let size = r.u64()?;
+                let mark = if cmd == Command::CopyTensorToMark {
+                    Some((r.u64()?, r.u64()?))
+                } else {
+                    None
+                };
                 let endpoint = endpoint_tail(call, &mut r)?;
                 Request::CopyTensorTo {
                     src,
                     dst,
                     size,
-                    endpoint,
-                }
-            }
-            Command::CopyTensorToMark => {
-                let src = tensor(&mut r)?;
-                let dst = tensor(&mut r)?;
-                let size = r.u64()?;
-                let key = r.u64()?;
-                let seq = r.u64()?;
-                let endpoint = endpoint_tail(call, &mut r)?;
-                Request::CopyTensorToMark {
-                    src,
-                    dst,
-                    size,
-                    key,
-                    seq,
+                    mark,
                     endpoint,
                 }
             }
@@ -653,22 +633,6 @@ impl<'a> Request<'a> {
                 o.put_u64(*key);
                 o.put_u64(*seq);
             }
-            Request::CopyTensorToMark {
-                src,
-                dst,
-                size,
-                key,
-                seq,
-                endpoint,
-            } => {
-                src.encode_into(&mut o);
-                dst.encode_into(&mut o);
-                o.put_u64(*size);
-                o.put_u64(*key);
-                o.put_u64(*seq);
-                o.put_u32(endpoint.len() as u32);
-                o.extend_from_slice(endpoint.as_bytes());
-            }
             Request::EngineOpenInbound {
                 buffer,
                 offset,
@@ -735,11 +699,16 @@ impl<'a> Request<'a> {
                 src,
                 dst,
                 size,
+                mark,
                 endpoint,
             } => {
                 src.encode_into(&mut o);
                 dst.encode_into(&mut o);
                 o.put_u64(*size);
+                if let Some((key, seq)) = mark {
+                    o.put_u64(*key);
+                    o.put_u64(*seq);
+                }
                 o.put_u32(endpoint.len() as u32);
                 o.extend_from_slice(endpoint.as_bytes());
             }

@@ -302,23 +302,16 @@ impl Session {
                 src,
                 dst,
                 size,
+                mark,
                 endpoint,
-            } => self.copy_tensor_to("COPY_TENSOR_TO", &src, &dst, size, &endpoint, None),
-            Request::CopyTensorToMark {
-                src,
-                dst,
-                size,
-                key,
-                seq,
-                endpoint,
-            } => self.copy_tensor_to(
-                "COPY_TENSOR_TO_MARK",
-                &src,
-                &dst,
-                size,
-                &endpoint,
-                Some((key, seq)),
-            ),
+            } => {
+                let call = if mark.is_some() {
+                    "COPY_TENSOR_TO_MARK"
+                } else {
+                    "COPY_TENSOR_TO"
+                };
+                self.copy_tensor_to(call, &src, &dst, size, &endpoint, mark)
+            }
             Request::MarkOpen => {
                 let key = self.shared.marks.open(self.id).unwrap_or(0);
                 Session::respond(Response::U64(key))
