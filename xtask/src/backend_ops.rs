@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::bench_rpc::json;
 use crate::llama_tree;
 
 /// The CI subset (`cargo xtask test`'s ggml step), two runs. First the
@@ -204,8 +205,8 @@ impl Tally {
         }
         self.write(format!(
             "{{\"case\":{},\"result\":\"{kind}\",\"detail\":{}}}",
-            json_str(case),
-            json_str(&plain)
+            json::string(case),
+            json::string(&plain)
         ));
         if self.last_print.elapsed() > PROGRESS_EVERY {
             self.progress("running");
@@ -223,8 +224,8 @@ impl Tally {
         eprintln!("  {} {case}: {why}", kind.to_uppercase());
         self.write(format!(
             "{{\"case\":{},\"result\":\"{kind}\",\"detail\":{}}}",
-            json_str(&case),
-            json_str(&why)
+            json::string(&case),
+            json::string(&why)
         ));
         if kind == "refused" {
             self.counts.refused.push((case, why));
@@ -237,7 +238,7 @@ impl Tally {
         for c in cases {
             self.write(format!(
                 "{{\"case\":{},\"result\":\"not_run\",\"detail\":\"\"}}",
-                json_str(c)
+                json::string(c)
             ));
         }
         self.counts.not_run.extend(cases.iter().cloned());
@@ -258,7 +259,7 @@ impl Tally {
             "{{\"progress\":{},\"passed\":{},\"failed\":{},\"not_supported\":{},\
              \"refused\":{},\"aborted\":{},\"skipped\":{},\"not_run\":{},\"done\":{},\
              \"listed\":{},\"elapsed_s\":{secs:.1}}}",
-            json_str(label),
+            json::string(label),
             c.ok,
             c.fail.len(),
             c.not_supported,
@@ -271,23 +272,6 @@ impl Tally {
         );
         self.write(line);
     }
-}
-
-/// `s` as a JSON string literal.
-fn json_str(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
 }
 
 /// What a run selects and where it writes.
@@ -516,49 +500,19 @@ fn journal_cases(path: &Path) -> Result<Vec<(String, String, String)>, String> {
         .map_err(|e| format!("reading the journal {}: {e}", path.display()))?;
     let mut out = Vec::new();
     for line in text.lines() {
-        let Some(rest) = line.strip_prefix("{\"case\":") else {
+        // Progress records have no "case"; a torn last line (a killed
+        // run) does not parse: both are passed over.
+        let Ok(record) = json::parse(line) else {
             continue;
         };
-        let Some((case, rest)) = json_prefix(rest) else {
+        let (Some(case), Some(kind)) = (record.str("case"), record.str("result")) else {
             continue;
         };
-        let Some(rest) = rest.strip_prefix(",\"result\":") else {
-            continue;
-        };
-        let Some((kind, rest)) = json_prefix(rest) else {
-            continue;
-        };
-        let detail = rest
-            .strip_prefix(",\"detail\":")
-            .and_then(json_prefix)
-            .map(|(d, _)| d)
-            .unwrap_or_default();
+        let detail = record.str("detail").unwrap_or_default();
+        let (case, kind, detail) = (case.to_string(), kind.to_string(), detail.to_string());
         out.push((case, kind, detail));
     }
     Ok(out)
-}
-
-/// The JSON string literal `s` starts with, decoded (as [`json_str`]
-/// writes them), and what follows it.
-fn json_prefix(s: &str) -> Option<(String, &str)> {
-    let body = s.strip_prefix('"')?;
-    let mut out = String::new();
-    let mut chars = body.char_indices();
-    while let Some((i, c)) = chars.next() {
-        match c {
-            '"' => return Some((out, &body[i + 1..])),
-            '\\' => match chars.next()?.1 {
-                'n' => out.push('\n'),
-                'u' => {
-                    let hex: String = (0..4).filter_map(|_| chars.next().map(|x| x.1)).collect();
-                    out.push(char::from_u32(u32::from_str_radix(&hex, 16).ok()?)?);
-                }
-                other => out.push(other),
-            },
-            c => out.push(c),
-        }
-    }
-    None
 }
 
 /// The listed cases, walked in order as the suite reports them.

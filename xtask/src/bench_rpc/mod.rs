@@ -9,7 +9,7 @@
 mod args;
 mod delay;
 pub mod delay_proxy;
-mod json;
+pub mod json;
 mod lab;
 pub mod link_probe;
 mod report;
