@@ -103,10 +103,10 @@ impl CallbackThread {
 
 fn run(q: &CallbackQueue) {
     // Whether the last round ran callbacks: then the next idle round polls
-    // for a while before parking (see [`crate::spin_wait`]): a receive
-    // callback that answers a message is one hand-off per round trip, and
-    // parking after every one made each a futex wake-up. An idle engine
-    // parks at once.
+    // for the spin window before parking (see [`crate::spin_wait`], off by
+    // default): a receive callback that answers a message is one hand-off
+    // per round trip, and parking after every one makes each a futex
+    // wake-up. An idle engine parks at once.
     let mut active = false;
     loop {
         // A panicking callback is caught there; the default hook prints it.

@@ -377,8 +377,8 @@ impl Engine {
     /// `peer_timeout`: seconds before an operation to a silent peer fails
     /// (default 5). `busy_poll`: workers never sleep (lowest latency, one
     /// core each). `progress`: "thread" (default: worker threads move the
-    /// NICs; a wait polls for a short window, `TRANSFER_WAIT_SPIN_US`
-    /// microseconds, then blocks on a hand-off from them) or "caller" (no worker
+    /// NICs; waits block on a hand-off from them, after polling for
+    /// `TRANSFER_WAIT_SPIN_US` microseconds, default 0) or "caller" (no worker
     /// threads: `progress()` and every wait, `done()`, `recv` drive the NICs
     /// on the calling thread with the GIL released, spinning until done or
     /// the deadline; nothing moves between calls, so a target that only

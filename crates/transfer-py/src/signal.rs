@@ -57,9 +57,9 @@ impl Signal {
 
     /// Blocks until the generation differs from `seen` or `until` passes;
     /// returns whether it changed. Polls first for up to `spin` (the first
-    /// slice of a wait passes [`transfer_core::spin_wait::window`]: the
-    /// engine's small operations finish within it, with no wake-up; later
-    /// slices block at once, so a long wait spins once).
+    /// slice of a wait passes [`transfer_core::spin_wait::window`], off by
+    /// default: a completion within it needs no wake-up; later slices
+    /// block at once, so a long wait spins once).
     pub(crate) fn wait_past(&self, seen: u64, until: Instant, spin: Duration) -> bool {
         let left = until.saturating_duration_since(Instant::now());
         if spin_wait::spin_until(spin.min(left), || self.generation() != seen) {
