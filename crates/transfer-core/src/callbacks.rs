@@ -15,6 +15,7 @@ use crossbeam_queue::SegQueue;
 
 use crate::completion::{Delivery, Notify};
 use crate::error::Result;
+use crate::spin_wait;
 
 /// A unit of work for the callback thread.
 pub(crate) type Job = Box<dyn FnOnce() + Send>;
@@ -101,17 +102,33 @@ impl CallbackThread {
 }
 
 fn run(q: &CallbackQueue) {
+    // Whether the last round ran callbacks: then the next idle round polls
+    // for the spin window before parking (see [`crate::spin_wait`], off by
+    // default): a receive callback that answers a message is one hand-off
+    // per round trip, and parking after every one makes each a futex
+    // wake-up. An idle engine parks at once.
+    let mut active = false;
     loop {
         // A panicking callback is caught there; the default hook prints it.
         let ran = q.run_pending();
         if q.stop.load(Ordering::Acquire) && q.jobs.is_empty() {
             return;
         }
-        if !ran {
-            // Woken by push (park/unpark keeps a token, so no wake-up is
-            // lost); the timeout is only a safety net.
-            thread::park_timeout(Duration::from_millis(500));
+        if ran {
+            active = true;
+            continue;
         }
+        if active
+            && spin_wait::spin_until(spin_wait::window(), || {
+                !q.jobs.is_empty() || q.stop.load(Ordering::Acquire)
+            })
+        {
+            continue;
+        }
+        active = false;
+        // Woken by push (park/unpark keeps a token, so no wake-up is
+        // lost); the timeout is only a safety net.
+        thread::park_timeout(Duration::from_millis(500));
     }
 }
 

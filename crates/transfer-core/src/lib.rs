@@ -22,7 +22,8 @@
 //!   (receiver counters), `recv_pool`;
 //! - threads: `job` (what crosses to a worker), `worker` (its queue and
 //!   loop), `idle` ([`IdleState`], how polling threads wait), `callbacks`,
-//!   `topology`; `progress` ([`ProgressMode`]: worker threads, or the
+//!   `topology`, `spin_wait` (a blocking waiter's short spin); `progress`
+//!   ([`ProgressMode`]: worker threads, or the
 //!   callers themselves driving the same worker state);
 //! - the public API: `engine` ([`TransferEngine`], [`EngineBuilder`]).
 //!
@@ -56,6 +57,7 @@ mod recv_pool;
 pub mod region;
 pub mod request;
 pub mod shard;
+pub mod spin_wait;
 pub mod topology;
 mod wakeup;
 mod worker;

@@ -377,7 +377,8 @@ impl Engine {
     /// `peer_timeout`: seconds before an operation to a silent peer fails
     /// (default 5). `busy_poll`: workers never sleep (lowest latency, one
     /// core each). `progress`: "thread" (default: worker threads move the
-    /// NICs; waits block on a hand-off from them) or "caller" (no worker
+    /// NICs; waits block on a hand-off from them, after polling for
+    /// `TRANSFER_WAIT_SPIN_US` microseconds, default 0) or "caller" (no worker
     /// threads: `progress()` and every wait, `done()`, `recv` drive the NICs
     /// on the calling thread with the GIL released, spinning until done or
     /// the deadline; nothing moves between calls, so a target that only
@@ -876,6 +877,8 @@ impl Engine {
     fn recv<'py>(&self, py: Python<'py>, timeout: Option<f64>) -> PyResult<Bound<'py, PyBytes>> {
         let queue = &self.shared.recv;
         let deadline = deadline(timeout)?;
+        // The first slice polls briefly before it blocks (see `Signal::wait_past`).
+        let mut spin = transfer_core::spin_wait::window();
         loop {
             let seen = queue.signal.generation();
             if let Some(m) = queue.pop().py()? {
@@ -891,9 +894,10 @@ impl Engine {
                         queue.signal.generation() != seen
                     })
                 } else {
-                    queue.signal.wait_past(seen, until)
+                    queue.signal.wait_past(seen, until, spin)
                 }
             });
+            spin = Duration::ZERO;
             if !changed {
                 if let Some(d) = deadline
                     && std::time::Instant::now() >= d

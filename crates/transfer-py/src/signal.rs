@@ -10,12 +10,14 @@
 //! takes the GIL.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::task::Wake;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use pyo3::exceptions::PyOSError;
 use pyo3::prelude::*;
+use transfer_core::spin_wait;
 
 /// Locks, ignoring poisoning: the guarded state stays consistent (plain
 /// pushes and counters), and a panic elsewhere must not turn into a second one.
@@ -25,8 +27,11 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 #[derive(Default)]
 struct SignalState {
-    generation: u64,
     notifiers: Vec<(Arc<LoopWakerInner>, u64)>,
+    /// Threads blocked on `cv`: without any, `notify` skips it (std's
+    /// `notify_all` is a futex call even with nobody waiting, on the
+    /// engine's worker, once per completion).
+    sleepers: u32,
 }
 
 /// A wake-up source: a generation counter, a condition variable and the
@@ -35,6 +40,9 @@ struct SignalState {
 pub(crate) struct Signal {
     state: Mutex<SignalState>,
     cv: Condvar,
+    /// Bumped under `state`'s lock by every notify; read without it, so
+    /// that a spinning waiter never contends with the notifier's lock.
+    generation: AtomicU64,
 }
 
 impl Signal {
@@ -44,26 +52,37 @@ impl Signal {
 
     /// The current generation; read it before checking the condition.
     pub(crate) fn generation(&self) -> u64 {
-        lock(&self.state).generation
+        self.generation.load(Ordering::Acquire)
     }
 
     /// Blocks until the generation differs from `seen` or `until` passes;
-    /// returns whether it changed.
-    pub(crate) fn wait_past(&self, seen: u64, until: Instant) -> bool {
+    /// returns whether it changed. Polls first for up to `spin` (the first
+    /// slice of a wait passes [`transfer_core::spin_wait::window`], off by
+    /// default: a completion within it needs no wake-up; later slices
+    /// block at once, so a long wait spins once).
+    pub(crate) fn wait_past(&self, seen: u64, until: Instant, spin: Duration) -> bool {
+        let left = until.saturating_duration_since(Instant::now());
+        if spin_wait::spin_until(spin.min(left), || self.generation() != seen) {
+            return true;
+        }
         let mut s = lock(&self.state);
         loop {
-            if s.generation != seen {
+            // The notifier bumps the generation under this lock, so it
+            // cannot change between this check and the wait below.
+            if self.generation() != seen {
                 return true;
             }
             let now = Instant::now();
             if now >= until {
                 return false;
             }
+            s.sleepers += 1;
             s = self
                 .cv
                 .wait_timeout(s, until - now)
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
+            s.sleepers -= 1;
         }
     }
 
@@ -90,12 +109,14 @@ impl Signal {
 
     /// Wakes every waiter: blocking ones and asyncio loops.
     pub(crate) fn notify(&self) {
-        let notifiers = {
+        let (notifiers, sleepers) = {
             let mut s = lock(&self.state);
-            s.generation = s.generation.wrapping_add(1);
-            std::mem::take(&mut s.notifiers)
+            self.generation.fetch_add(1, Ordering::AcqRel);
+            (std::mem::take(&mut s.notifiers), s.sleepers)
         };
-        self.cv.notify_all();
+        if sleepers > 0 {
+            self.cv.notify_all();
+        }
         for (waker, token) in notifiers {
             waker.push(token);
         }

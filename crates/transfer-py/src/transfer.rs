@@ -121,19 +121,29 @@ impl Op {
         self.result.get()
     }
 
-    /// Waits until done, `deadline` or the end of one slice (GIL released by the caller).
-    pub(crate) fn wait_slice(&self, deadline: Option<Instant>) -> Waited {
+    /// Waits until done, `deadline` or the end of one slice (GIL released
+    /// by the caller). `first`: the wait's first slice, which polls for
+    /// [`transfer_core::spin_wait::window`] before it blocks (see
+    /// [`crate::signal::Signal::wait_past`]).
+    pub(crate) fn wait_slice(&self, deadline: Option<Instant>, first: bool) -> Waited {
         let slice_end = Instant::now() + SIGNAL_CHECK;
         if self.driven {
             return self.spin_slice(deadline, slice_end);
         }
+        let mut spin = if first {
+            transfer_core::spin_wait::window()
+        } else {
+            Duration::ZERO
+        };
         loop {
             let seen = self.signal.generation();
             if let Some(r) = self.poll() {
                 return Waited::Done(r.clone());
             }
             let until = deadline.map_or(slice_end, |d| d.min(slice_end));
-            if !self.signal.wait_past(seen, until) {
+            let changed = self.signal.wait_past(seen, until, spin);
+            spin = Duration::ZERO;
+            if !changed {
                 if let Some(r) = self.poll() {
                     return Waited::Done(r.clone());
                 }
@@ -177,12 +187,14 @@ impl Op {
             return Ok(Some(r.clone()));
         }
         let deadline = deadline(timeout)?;
+        let mut first = true;
         loop {
-            match py.detach(|| self.wait_slice(deadline)) {
+            match py.detach(|| self.wait_slice(deadline, first)) {
                 Waited::Done(r) => return Ok(Some(r)),
                 Waited::TimedOut => return Ok(None),
                 Waited::Slice => py.check_signals()?,
             }
+            first = false;
         }
     }
 
