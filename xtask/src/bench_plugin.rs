@@ -10,7 +10,11 @@
 //! server for the copy, MARK_WAIT), with `--answered` the same without marks
 //! (each copy answered to the client first), and with `--engine` ours over
 //! the servers' engines (ENGINE_WRITE). Prints tokens/s (median of the
-//! rounds) and ours/stock per test.
+//! rounds) and ours/stock per test. `--arm-env K=V,...` adds the direct
+//! arm with those variables set (an A/B of a switch in the same build),
+//! `--trace FILE` writes the timeline of every arm (TRANSFER_RPC_TRACE,
+//! servers with `-v`), `XTASK_NETNS_PREFIX` renames the namespaces (two
+//! people on one machine).
 //!
 //! Root (network namespaces). Its namespaces are `xtp-*` on 10.78.0.0/24,
 //! apart from `bench rpc`'s `xtb-*`, so the two can run side by side.
