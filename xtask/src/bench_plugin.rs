@@ -10,7 +10,11 @@
 //! server for the copy, MARK_WAIT), with `--answered` the same without marks
 //! (each copy answered to the client first), and with `--engine` ours over
 //! the servers' engines (ENGINE_WRITE). Prints tokens/s (median of the
-//! rounds) and ours/stock per test.
+//! rounds) and ours/stock per test. `--arm-env K=V,...` adds the direct
+//! arm with those variables set (an A/B of a switch in the same build),
+//! `--trace FILE` writes the timeline of every arm (TRANSFER_RPC_TRACE,
+//! servers with `-v`), `XTASK_NETNS_PREFIX` renames the namespaces (two
+//! people on one machine).
 //!
 //! Root (network namespaces). Its namespaces are `xtp-*` on 10.78.0.0/24,
 //! apart from `bench rpc`'s `xtb-*`, so the two can run side by side.
@@ -23,16 +27,23 @@ use std::time::{Duration, Instant};
 use crate::netns::{Children, run_cmd, words};
 use crate::step;
 
-const PREFIX: &str = "xtp";
+/// Prefix of this bench's namespaces; `XTASK_NETNS_PREFIX` overrides it so
+/// that two people benchmarking on one machine do not delete each other's.
+fn prefix() -> String {
+    std::env::var("XTASK_NETNS_PREFIX")
+        .ok()
+        .filter(|p| !p.is_empty() && p.len() <= 6 && p.chars().all(|c| c.is_ascii_alphanumeric()))
+        .unwrap_or_else(|| "xtp".into())
+}
 const SERVER_PORT: u16 = 50052;
 const PROXY_BASE_PORT: u16 = 51000;
 
 fn ns(i: usize) -> String {
-    format!("{PREFIX}-h{i}")
+    format!("{}-h{i}", prefix())
 }
 
 fn sw() -> String {
-    format!("{PREFIX}-sw")
+    format!("{}-sw", prefix())
 }
 
 fn ip(i: usize) -> String {
@@ -59,11 +70,17 @@ struct Args {
     /// Also the COPY_TENSOR_TO arm without marks (`TRANSFER_RPC_MARKS=0`:
     /// each copy answered to the client before the destination goes on).
     answered: bool,
+    /// `TRANSFER_RPC_TRACE` for the servers (with `-v`) and llama-bench:
+    /// one timeline of every command (see transfer_rpc::client::trace).
+    trace: Option<PathBuf>,
+    /// `--arm-env K=V[,K=V]`: one more arm, the direct one with these
+    /// variables set (an A/B of a plugin or client switch in one build).
+    arm_env: Vec<(String, String)>,
 }
 
 const USAGE: &str = "bench llama-plugin [--llama-bin DIR] [--servers 2,4] [--rate 100mbit] \
      [--delay 1ms] [--rounds 3] [--engine] [--pp 64] [--tg 32] [--reps 2] [--threads 1] \
-     [--model F] [--plugin libtransfer_ggml_plugin.so] [--dev] [--answered]";
+     [--model F] [--plugin libtransfer_ggml_plugin.so] [--dev] [--answered] [--trace FILE] [--arm-env K=V,...]";
 
 fn parse(args: &[String]) -> Result<Args, String> {
     let mut a = Args {
@@ -81,6 +98,8 @@ fn parse(args: &[String]) -> Result<Args, String> {
         plugin: None,
         dev: false,
         answered: false,
+        trace: None,
+        arm_env: Vec::new(),
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -117,6 +136,15 @@ fn parse(args: &[String]) -> Result<Args, String> {
             "--threads" => a.threads = num(v)?.max(1),
             "--model" => a.model = Some(v.into()),
             "--plugin" => a.plugin = Some(v.into()),
+            "--trace" => a.trace = Some(v.into()),
+            "--arm-env" => {
+                for kv in v.split(',').filter(|kv| !kv.is_empty()) {
+                    let (k, val) = kv
+                        .split_once('=')
+                        .ok_or_else(|| format!("--arm-env {kv}: not K=V"))?;
+                    a.arm_env.push((k.to_owned(), val.to_owned()));
+                }
+            }
             other => return Err(format!("unknown option `{other}`\nusage: {USAGE}")),
         }
     }
@@ -130,7 +158,7 @@ fn cleanup() {
     if let Ok(out) = Command::new("ip").args(["netns", "list"]).output() {
         for l in String::from_utf8_lossy(&out.stdout).lines() {
             if let Some(name) = l.split_whitespace().next()
-                && name.starts_with(&format!("{PREFIX}-"))
+                && name.starts_with(&format!("{}-", prefix()))
             {
                 let _ = run_cmd(&words(&format!("ip netns del {name}")));
             }
@@ -203,6 +231,8 @@ enum Arm {
     Direct,
     Answered,
     Engine,
+    /// Direct with `--arm-env`'s variables.
+    DirectEnv,
 }
 
 impl Arm {
@@ -212,6 +242,7 @@ impl Arm {
             Arm::Direct => "direct",
             Arm::Answered => "answered",
             Arm::Engine => "engine",
+            Arm::DirectEnv => "direct+env",
         }
     }
 }
@@ -237,6 +268,9 @@ fn llama_bench(
         .args(["-r", &a.reps.to_string(), "-t", &a.threads.to_string()])
         .env("GGML_NO_BACKTRACE", "1")
         .env("TRANSFER_RPC_TIMEOUT_S", "120");
+    if let Some(t) = &a.trace {
+        cmd.env("TRANSFER_RPC_TRACE", t);
+    }
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -379,6 +413,10 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     if a.engine {
         arms.push(Arm::Engine);
     }
+    if !a.arm_env.is_empty() {
+        arms.push(Arm::DirectEnv);
+        println!("direct+env: direct with {:?}", a.arm_env);
+    }
     let mut table = Vec::new();
     for &n in &a.servers {
         cleanup();
@@ -396,6 +434,9 @@ pub fn run(argv: &[String]) -> Result<(), String> {
                 .args(["--peer-allow", &format!("{}/24", ip(0))])
                 .stdout(Stdio::null())
                 .stderr(Stdio::null());
+            if let Some(t) = &a.trace {
+                cmd.arg("-v").env("TRANSFER_RPC_TRACE", t);
+            }
             if a.engine {
                 cmd.args(["--engine", "tcp", "--engine-iface", &format!("eth{s}")])
                     .args(["--engine-node", &ip(s)]);
@@ -463,6 +504,13 @@ pub fn run(argv: &[String]) -> Result<(), String> {
                         (&ours_dir, true)
                     }
                     Arm::Engine => (&ours_dir, true),
+                    Arm::DirectEnv => {
+                        env.push(("TRANSFER_RPC_ENGINE", "0".into()));
+                        for (k, v) in &a.arm_env {
+                            env.push((k.as_str(), v.clone()));
+                        }
+                        (&ours_dir, true)
+                    }
                 };
                 for (test, v) in llama_bench(&a, &model, cwd, &rpc, &env, want_plugin)? {
                     got.entry(test).or_default().entry(arm).or_default().push(v);

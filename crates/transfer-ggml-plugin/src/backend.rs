@@ -57,6 +57,14 @@ pub fn guard<R>(call: &str, fallback: R, f: impl FnOnce() -> R) -> R {
     }
 }
 
+/// A host call into the timeline (`TRANSFER_RPC_TRACE`, see
+/// `transfer_rpc::client::trace`).
+fn trace_host(conn: &Conn, what: &str) {
+    if transfer_rpc::client::trace::enabled() {
+        transfer_rpc::client::trace::event(format_args!("{} HOST {what}", conn.endpoint()));
+    }
+}
+
 fn log_err(call: &str, e: &PluginError) {
     // A server's first failure was logged when it happened; the calls that
     // fail fast after it would only repeat it.
@@ -590,6 +598,7 @@ unsafe extern "C" fn dev_event_synchronize(_dev: DevT, ev: EventT) {
             return;
         };
         let d = e.done.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        trace_host(&e.conn, "event_synchronize");
         if let Some(d) = d {
             if let Err(err) = e.conn.await_done(&d, "event_synchronize") {
                 log_err("event_synchronize", &err);
@@ -960,6 +969,7 @@ unsafe extern "C" fn buf_set_tensor(
                 // and the queue keeps it ordered with the rest. It reads
                 // no buffer: a boundary write need not wait for it.
                 let data = bytes.to_vec();
+                trace_host(&ctx.conn, "set_tensor (queued)");
                 return ctx
                     .conn
                     .post_no_read(Box::new(move |c, _| {
@@ -967,6 +977,7 @@ unsafe extern "C" fn buf_set_tensor(
                     }))
                     .map(drop);
             }
+            trace_host(&ctx.conn, "set_tensor (after drain)");
             ctx.conn.call("SET_TENSOR", |c| {
                 let mut cache = false;
                 if size > HASH_THRESHOLD && usage == BUFFER_USAGE_WEIGHTS {
@@ -997,6 +1008,7 @@ unsafe extern "C" fn buf_get_tensor(
         }
         // SAFETY: live buffer and tensor.
         let res = unsafe { buf_and_tensor(buf, t) }.and_then(|(_, ctx, rt)| {
+            trace_host(&ctx.conn, "get_tensor (sync)");
             ctx.conn.call("GET_TENSOR", |c| {
                 c.get_tensor(&rt, offset as u64, size as u64)
             })
@@ -1157,6 +1169,7 @@ unsafe extern "C" fn be_set_tensor_async(
             // The host may reuse `data` once this returns: copy it now.
             // SAFETY: ggml passes `size` readable bytes at `data`.
             let bytes = unsafe { std::slice::from_raw_parts(data.cast::<u8>(), size) }.to_vec();
+            trace_host(&ctx.conn, "set_tensor_async");
             ctx.conn
                 .post_no_read(Box::new(move |c, _| {
                     c.set_tensor(&rt, offset as u64, &bytes)
@@ -1188,6 +1201,7 @@ unsafe extern "C" fn be_get_tensor_async(
             }
             // SAFETY: a live tensor.
             let rt = unsafe { serialize::tensor(h, t, None) }?;
+            trace_host(&ctx.conn, "get_tensor_async");
             let dst = SendPtr(data.cast::<u8>());
             ctx.conn.post(Box::new(move |c, conn| {
                 let v = c.get_tensor(&rt, offset as u64, size as u64)?;
@@ -1216,9 +1230,11 @@ unsafe extern "C" fn be_synchronize(b: BackendT) {
     guard("be_synchronize", (), || {
         // SAFETY: our backend.
         if let Some(ctx) = unsafe { be_ctx(b) } {
+            trace_host(&ctx.conn, "synchronize");
             if let Err(e) = ctx.conn.synchronize("synchronize") {
                 log_err("synchronize", &e);
             }
+            trace_host(&ctx.conn, "synchronized");
         }
     })
 }
@@ -1244,7 +1260,17 @@ unsafe extern "C" fn be_graph_compute(b: BackendT, g: GraphT) -> c_int {
             // (same tensors, same addresses) is re-run by GRAPH_RECOMPUTE.
             // Compared on the serialized form: the host's graph uid lives in
             // the opaque ggml_cgraph.
-            if last.as_ref() == Some(&payload) {
+            let same = last.as_ref() == Some(&payload);
+            if transfer_rpc::client::trace::enabled() {
+                transfer_rpc::client::trace::event(format_args!(
+                    "{} HOST graph_compute {} nodes {} tensors {}",
+                    ctx.conn.endpoint(),
+                    if same { "recompute" } else { "new" },
+                    payload.nodes.len(),
+                    payload.tensors.len()
+                ));
+            }
+            if same {
                 let index = ctx.index;
                 ctx.conn
                     .post(Box::new(move |c, _| c.graph_recompute(index)))
@@ -1564,6 +1590,14 @@ unsafe extern "C" fn be_cpy_tensor_async(
             }
             // SAFETY: a live tensor.
             let size = unsafe { h.nbytes(src) } as u64;
+            if transfer_rpc::client::trace::enabled() {
+                transfer_rpc::client::trace::event(format_args!(
+                    "{} HOST cpy_tensor_async to {} {size} bytes, readers_done {}",
+                    sc.endpoint(),
+                    dc.endpoint(),
+                    dc.readers_done()
+                ));
+            }
             // SAFETY: a live host tensor; its buffer is one of ours (dc).
             let dst_base = unsafe { buf_ctx((*dst).buffer) }.map(|b| b.base);
             let lane = match dst_base.and_then(|base| d.data.checked_sub(base)) {

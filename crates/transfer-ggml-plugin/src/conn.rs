@@ -485,6 +485,20 @@ impl Conn {
 
     /// Waits until every queued job ran; a timeout fails the connection.
     pub fn synchronize(&self, call: &'static str) -> Result<()> {
+        // Nothing queued and nothing running: drained already, no marker
+        // and no hand-off to the worker and back (llama.cpp synchronizes
+        // every backend twice per decode step, mostly drained ones).
+        // Under the queue lock, which the worker releases only after it
+        // finished a job: its effects are visible here.
+        {
+            let q = self.lock_queue();
+            if let Some(r) = &q.failed {
+                return Err(self.failed_error(r));
+            }
+            if q.jobs.is_empty() && !q.busy {
+                return Ok(());
+            }
+        }
         let d = self.record()?;
         self.await_done(&d, call)
     }

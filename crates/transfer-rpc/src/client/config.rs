@@ -8,6 +8,10 @@ use crate::protocol::Limits;
 pub const ENV_P2P: &str = "TRANSFER_RPC_P2P";
 /// Environment variable: `1` turns on per-command counters.
 pub const ENV_STATS: &str = "TRANSFER_RPC_STATS";
+/// Environment variable: `0` reads the answers of posted commands before
+/// an ordinary call's request is sent (the order before `early_send`; for
+/// A/B runs).
+pub const ENV_EARLY_SEND: &str = "TRANSFER_RPC_EARLY_SEND";
 
 /// Client behaviour switches.
 #[derive(Debug, Clone)]
@@ -32,6 +36,11 @@ pub struct ClientConfig {
     /// with several addresses, and for tests that need distinct client
     /// addresses on loopback (127.0.0.x) to exercise per-address bounds.
     pub source: Option<std::net::IpAddr>,
+    /// An ordinary call sends its request before it reads the answers of
+    /// commands posted earlier (they still come first: the server answers
+    /// in order), instead of after: the request does not wait for those
+    /// answers to cross the link ([`Client`](super::Client)'s `call`).
+    pub early_send: bool,
 }
 
 impl Default for ClientConfig {
@@ -44,6 +53,7 @@ impl Default for ClientConfig {
             limits: Limits::default(),
             probe_extensions: true,
             source: None,
+            early_send: true,
         }
     }
 }
@@ -61,12 +71,14 @@ pub fn parse_flag(value: Option<&str>, default: bool) -> bool {
 }
 
 impl ClientConfig {
-    /// Defaults, with `TRANSFER_RPC_P2P` and `TRANSFER_RPC_STATS` applied.
+    /// Defaults, with `TRANSFER_RPC_P2P`, `TRANSFER_RPC_STATS` and
+    /// `TRANSFER_RPC_EARLY_SEND` applied.
     pub fn from_env() -> Self {
         let var = |k: &str| std::env::var(k).ok();
         ClientConfig {
             p2p: parse_flag(var(ENV_P2P).as_deref(), true),
             stats: parse_flag(var(ENV_STATS).as_deref(), false),
+            early_send: parse_flag(var(ENV_EARLY_SEND).as_deref(), true),
             ..ClientConfig::default()
         }
     }

@@ -311,10 +311,18 @@ impl Client {
         if let Some(s) = self.stats.as_mut() {
             s.record(cmd, written, 0);
         }
+        if super::trace::enabled() {
+            super::trace::event(format_args!(
+                "{} SEND {} {written}",
+                self.endpoint,
+                cmd.name()
+            ));
+        }
         Ok(written)
     }
 
     fn recv(&mut self, cmd: Command, expected_data: usize) -> Result<Response> {
+        let waited_from = super::trace::now_us();
         let mut head = [0u8; 8];
         self.stream
             .read_exact(&mut head)
@@ -330,13 +338,35 @@ impl Client {
         if let Some(s) = self.stats.as_mut() {
             s.add_response(cmd, 8 + size as u64);
         }
+        if super::trace::enabled() {
+            super::trace::event(format_args!(
+                "{} RECV {} {} waited {} us",
+                self.endpoint,
+                cmd.name(),
+                8 + size,
+                super::trace::now_us().saturating_sub(waited_from)
+            ));
+        }
         Response::decode(cmd, &payload, expected_data)
     }
 
     pub(super) fn call(&mut self, req: &Request<'_>, expected_data: usize) -> Result<Response> {
-        // Answers arrive in order: those of posted commands come first.
-        self.drain_posted()?;
-        self.send(req)?;
+        // The request goes out before the answers of posted commands are
+        // read: the server answers in order, so they still come first,
+        // but the request no longer waits for them to cross the link. A
+        // read of the last stage's logits posted behind a MARK_WAIT or an
+        // ENGINE_WAIT used to be sent only once that wait's answer was
+        // back here: one more client round trip per decode step. Posted
+        // answers are 9 bytes each and their callers keep few unread (the
+        // plugin at most 64), so the server never blocks writing them
+        // while this request is being written.
+        if self.config.early_send {
+            self.send(req)?;
+            self.drain_posted()?;
+        } else {
+            self.drain_posted()?;
+            self.send(req)?;
+        }
         self.recv(req.command(), expected_data)
     }
 
@@ -725,5 +755,74 @@ impl Client {
         self.stream
             .write_all(bytes)
             .map_err(|e| RpcError::io("send_raw", e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::frame::encode_response;
+    use std::net::TcpListener;
+    use std::time::Duration;
+
+    /// One request frame off the socket: (command byte, payload).
+    fn read_frame(s: &mut TcpStream) -> std::io::Result<(u8, Vec<u8>)> {
+        let mut h = [0u8; REQUEST_HEADER_SIZE];
+        s.read_exact(&mut h)?;
+        let mut size = [0u8; 8];
+        size.copy_from_slice(&h[1..]);
+        let mut p = vec![0u8; u64::from_le_bytes(size) as usize];
+        s.read_exact(&mut p)?;
+        Ok((h[0], p))
+    }
+
+    fn answer(s: &mut TcpStream, r: &Response) -> std::io::Result<()> {
+        s.write_all(&encode_response(&r.encode_payload()))
+    }
+
+    /// A server that answers a posted command only once the next request
+    /// arrived (as a MARK_WAIT is answered only once a copy landed, which
+    /// may be long after the client wants to send more): an ordinary call
+    /// after a post must be sent before the posted answer is read. A
+    /// client reading first would wait here until its io timeout and fail.
+    #[test]
+    fn a_call_is_sent_before_the_answers_of_posted_commands_are_read() -> Result<()> {
+        let l = TcpListener::bind("127.0.0.1:0").map_err(|e| RpcError::io("bind", e))?;
+        let addr = l
+            .local_addr()
+            .map_err(|e| RpcError::io("local_addr", e))?
+            .to_string();
+        let server = std::thread::spawn(move || -> std::io::Result<Vec<u8>> {
+            let (mut s, _) = l.accept()?;
+            let (hello, _) = read_frame(&mut s)?;
+            answer(&mut s, &Response::Hello(HelloResponse::ours()))?;
+            let (posted, _) = read_frame(&mut s)?;
+            let (called, _) = read_frame(&mut s)?;
+            answer(&mut s, &Response::Status(1))?;
+            answer(&mut s, &Response::DeviceCount(3))?;
+            Ok(vec![hello, posted, called])
+        });
+        let config = ClientConfig {
+            probe_extensions: false,
+            io_timeout: Some(Duration::from_secs(20)),
+            ..ClientConfig::default()
+        };
+        let mut c = Client::connect(&addr, config)?;
+        c.post_mark_wait(7, 1, 1000)?;
+        assert_eq!(c.device_count()?, 3);
+        assert_eq!(c.collect_posted()?, vec![true]);
+        let seen = server
+            .join()
+            .map_err(|_| RpcError::refused("test", "server thread panicked"))?
+            .map_err(|e| RpcError::io("test server", e))?;
+        assert_eq!(
+            seen,
+            [
+                Command::Hello.byte(),
+                Command::MarkWait.byte(),
+                Command::DeviceCount.byte()
+            ]
+        );
+        Ok(())
     }
 }

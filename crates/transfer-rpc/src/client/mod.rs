@@ -5,6 +5,7 @@ pub mod connection;
 pub mod engine;
 pub mod stage_copy;
 pub mod stats;
+pub mod trace;
 
 pub use config::ClientConfig;
 pub use connection::Client;

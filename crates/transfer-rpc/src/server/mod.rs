@@ -77,6 +77,9 @@ impl Shared {
     /// Writes one log line to stderr.
     pub fn log(&self, msg: &str) {
         eprintln!("transfer-rpc-server: {msg}");
+        // With `-v`, one line per command: the server's side of a
+        // client's timeline (`TRANSFER_RPC_TRACE`, same file, same clock).
+        crate::client::trace::event(format_args!("server {msg}"));
     }
 
     /// Connections closed because of refused or malformed input so far.

@@ -355,6 +355,17 @@ impl Session {
         if self.shared.config.verbose {
             self.shared
                 .log(&format!("session {}: {}", self.id, cmd.name()));
+            // The end too, into the timeline only (`TRANSFER_RPC_TRACE`;
+            // stderr keeps one line per command, which tests count): with
+            // the start, what a command held the session for (a graph's
+            // compute, a copy to a peer, a wait).
+            let r = self.dispatch(req);
+            crate::client::trace::event(format_args!(
+                "server session {}: {} done",
+                self.id,
+                cmd.name()
+            ));
+            return r;
         }
         self.dispatch(req)
     }
