@@ -161,4 +161,13 @@ pub trait Domain: Send + 'static {
     fn prepare_wait(&mut self) -> bool {
         true
     }
+
+    /// Whether [`Domain::wait_fd`] also fires for the progress of work in
+    /// flight (a socket that became writable, an acknowledgement that
+    /// arrived), so that a worker may block on it with operations
+    /// outstanding instead of spinning until they finish. False (the
+    /// default): the provider moves bytes only when polled.
+    fn wait_covers_in_flight(&self) -> bool {
+        false
+    }
 }

@@ -254,6 +254,14 @@ impl<D: Domain> DomainGroup<D> {
         self.ops.is_empty() && !self.has_pending()
     }
 
+    /// Whether the worker may sleep now: nothing in flight, or every
+    /// domain's wait descriptor also wakes it for the work in flight
+    /// ([`Domain::wait_covers_in_flight`]).
+    pub(crate) fn may_sleep(&self) -> bool {
+        self.is_quiet()
+            || (!self.domains.is_empty() && self.domains.iter().all(Domain::wait_covers_in_flight))
+    }
+
     // ---- memory -------------------------------------------------------
 
     /// Registers `span` with every NIC, or with none.

@@ -203,7 +203,7 @@ impl<D: Domain> Worker<D> {
             }
             if busy {
                 idle.active();
-            } else if let Some(sleep) = idle.idle_at(Instant::now(), self.group.is_quiet()) {
+            } else if let Some(sleep) = idle.idle_at(Instant::now(), self.group.may_sleep()) {
                 if self.sleep(sleep) == Woke::Traffic {
                     // A NIC had work without reporting an event (data placed
                     // by a manual-progress provider), or its descriptor woke
