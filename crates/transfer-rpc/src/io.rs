@@ -3,6 +3,7 @@
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
+use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use crate::error::{Result, RpcError};
@@ -93,9 +94,70 @@ impl<'a> Deadline<'a> {
     }
 }
 
+/// Bytes `stream` has for `buf` right now, without blocking and without
+/// touching its timeout: `None` when it has none yet. Most reads of a frame
+/// find their bytes already there (llama.cpp's client pipelines its
+/// commands), and then one `recv` is all they cost: setting the socket's
+/// timeout before every read was a second system call per read.
+fn recv_now(stream: &TcpStream, buf: &mut [u8]) -> Option<std::io::Result<usize>> {
+    loop {
+        // SAFETY: `buf` is valid for writes of `buf.len()` bytes for the
+        // duration of the call; the descriptor is the live socket's.
+        let n = unsafe {
+            libc::recv(
+                stream.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if n >= 0 {
+            return Some(Ok(n as usize));
+        }
+        let e = std::io::Error::last_os_error();
+        match e.kind() {
+            ErrorKind::Interrupted => continue,
+            ErrorKind::WouldBlock => return None,
+            _ => return Some(Err(e)),
+        }
+    }
+}
+
+/// [`recv_now`] for writing: what the socket takes of `buf` right now.
+fn send_now(stream: &TcpStream, buf: &[u8]) -> Option<std::io::Result<usize>> {
+    loop {
+        // SAFETY: `buf` is valid for reads of `buf.len()` bytes for the
+        // duration of the call; the descriptor is the live socket's.
+        let n = unsafe {
+            libc::send(
+                stream.as_raw_fd(),
+                buf.as_ptr().cast(),
+                buf.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if n >= 0 {
+            return Some(Ok(n as usize));
+        }
+        let e = std::io::Error::last_os_error();
+        match e.kind() {
+            ErrorKind::Interrupted => continue,
+            ErrorKind::WouldBlock => return None,
+            _ => return Some(Err(e)),
+        }
+    }
+}
+
 impl Read for Deadline<'_> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        self.stream.set_read_timeout(Some(self.left()?))?;
+        let left = self.left()?;
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        if let Some(done) = recv_now(self.stream, buf) {
+            return done;
+        }
+        self.stream.set_read_timeout(Some(left))?;
         let mut s = self.stream;
         match s.read(buf) {
             // The socket timeout is the time left: it ran out.
@@ -110,7 +172,14 @@ impl Read for Deadline<'_> {
 
 impl Write for Deadline<'_> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.stream.set_write_timeout(Some(self.left()?))?;
+        let left = self.left()?;
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        if let Some(done) = send_now(self.stream, buf) {
+            return done;
+        }
+        self.stream.set_write_timeout(Some(left))?;
         let mut s = self.stream;
         match s.write(buf) {
             Err(e) if e.kind() == ErrorKind::WouldBlock => Err(std::io::Error::new(
@@ -123,6 +192,77 @@ impl Write for Deadline<'_> {
 
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
+    }
+}
+
+/// A session's reads: a [`Deadline`] (or none, between frames without an
+/// idle timeout) with a buffer kept across frames, so that the frames a
+/// client pipelines (SET_TENSORs, GRAPH_COMPUTE, GET_TENSOR of one llama.cpp
+/// step arrive together) cost one `recv` together instead of three each
+/// (command byte, size, payload; upstream's rpc-server makes those three).
+/// Reads at least as large as the buffer go straight to the socket. The
+/// buffer is [`FrameReader::CAPACITY`] bytes per connection, outside the
+/// in-flight budget (bounded by the connection cap).
+#[derive(Debug)]
+pub struct FrameReader<'a> {
+    stream: &'a TcpStream,
+    /// `None`: no deadline.
+    at: Option<Instant>,
+    buf: Vec<u8>,
+    pos: usize,
+    end: usize,
+}
+
+impl<'a> FrameReader<'a> {
+    /// Bytes read ahead at most.
+    pub const CAPACITY: usize = 64 << 10;
+
+    /// Reads from `stream`, without a deadline until [`FrameReader::set`].
+    pub fn new(stream: &'a TcpStream) -> Self {
+        FrameReader {
+            stream,
+            at: None,
+            buf: vec![0; Self::CAPACITY],
+            pos: 0,
+            end: 0,
+        }
+    }
+
+    /// The deadline of the reads from now on (`None`: none).
+    pub fn set(&mut self, at: Option<Instant>) {
+        self.at = at;
+    }
+
+    fn read_socket(stream: &TcpStream, at: Option<Instant>, out: &mut [u8]) -> std::io::Result<usize> {
+        match at {
+            Some(at) => Deadline::new(stream, at).read(out),
+            None => {
+                if let Some(done) = recv_now(stream, out) {
+                    return done;
+                }
+                stream.set_read_timeout(None)?;
+                let mut s = stream;
+                s.read(out)
+            }
+        }
+    }
+}
+
+impl Read for FrameReader<'_> {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        if self.pos == self.end {
+            if out.len() >= self.buf.len() {
+                return Self::read_socket(self.stream, self.at, out);
+            }
+            let n = Self::read_socket(self.stream, self.at, &mut self.buf)?;
+            self.pos = 0;
+            self.end = n;
+        }
+        let have = self.buf.get(self.pos..self.end).unwrap_or_default();
+        let n = have.len().min(out.len());
+        out[..n].copy_from_slice(&have[..n]);
+        self.pos += n;
+        Ok(n)
     }
 }
 
@@ -168,6 +308,47 @@ mod tests {
         assert!(took < Duration::from_millis(600), "{took:?}");
         drop(rx);
         let _ = sender.join();
+        Ok(())
+    }
+
+    /// Frames that arrive together are read ahead and handed out in
+    /// order, across the buffer's end and past its size; a frame that does
+    /// not come keeps its deadline (and a trickle its whole-read deadline).
+    #[test]
+    fn a_frame_reader_reads_ahead_in_order_and_keeps_deadlines() -> std::io::Result<()> {
+        let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let mut tx = TcpStream::connect(l.local_addr()?)?;
+        let (rx, _) = l.accept()?;
+        let big = FrameReader::CAPACITY + 12_345;
+        let bytes: Vec<u8> = (0..(3 * big)).map(|i| (i * 7 % 251) as u8).collect();
+        let sent = bytes.clone();
+        let sender = std::thread::spawn(move || tx.write_all(&sent).map(|()| tx));
+        let mut rd = FrameReader::new(&rx);
+        rd.set(Some(Instant::now() + Duration::from_secs(30)));
+        let mut got = Vec::new();
+        // Small pieces, then one larger than the buffer, then the rest.
+        for n in [1usize, 8, 100, 65_000, big, 3 * big - 1 - 8 - 100 - 65_000 - big] {
+            let mut piece = vec![0u8; n];
+            rd.read_exact(&mut piece)?;
+            got.extend_from_slice(&piece);
+        }
+        assert!(got == bytes, "bytes differ");
+        let tx = sender.join().map_err(|_| std::io::Error::other("sender"))??;
+        rd.set(Some(Instant::now() + Duration::from_millis(100)));
+        let mut one = [0u8; 1];
+        let e = rd.read_exact(&mut one).err().map(|e| e.kind());
+        assert_eq!(e, Some(ErrorKind::TimedOut));
+        // No deadline: the next byte whenever it comes.
+        rd.set(None);
+        let mut tx = tx;
+        tx.write_all(&[42])?;
+        rd.read_exact(&mut one)?;
+        assert_eq!(one, [42]);
+        drop(tx);
+        assert_eq!(
+            rd.read_exact(&mut one).err().map(|e| e.kind()),
+            Some(ErrorKind::UnexpectedEof)
+        );
         Ok(())
     }
 
