@@ -173,10 +173,8 @@ impl Receiver {
     fn recv_exact(&mut self, sock: RawFd, out: &mut [u8]) -> io::Result<()> {
         let have = self.end - self.pos;
         let mut got = have.min(out.len());
-        if let (Some(dst), Some(src)) = (
-            out.get_mut(..got),
-            self.buf.get(self.pos..self.pos + got),
-        ) {
+        if let (Some(dst), Some(src)) = (out.get_mut(..got), self.buf.get(self.pos..self.pos + got))
+        {
             dst.copy_from_slice(src);
         }
         self.pos += got;
