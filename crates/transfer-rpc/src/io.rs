@@ -202,7 +202,8 @@ impl Write for Deadline<'_> {
 /// (command byte, size, payload; upstream's rpc-server makes those three).
 /// Reads at least as large as the buffer go straight to the socket. The
 /// buffer is [`FrameReader::CAPACITY`] bytes per connection, outside the
-/// in-flight budget (bounded by the connection cap).
+/// in-flight budget and bounded by the connection caps (256 pending and 64
+/// admitted at the defaults: 20 MiB at most).
 #[derive(Debug)]
 pub struct FrameReader<'a> {
     stream: &'a TcpStream,
