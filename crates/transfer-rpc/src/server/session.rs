@@ -221,7 +221,7 @@ impl Session {
             .max(1);
         let _held = self.reserve(CALL, chunk, until)?;
         let io = |e| RpcError::io("write response", e);
-        if header && size <= SMALL_ANSWER {
+        if header && size <= SMALL_ANSWER && size <= chunk {
             // Size and data in one write: one system call and one TCP
             // segment (with TCP_NODELAY the size alone went out as its
             // own segment, and the client woke up for it).
