@@ -3,6 +3,7 @@
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
+use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use crate::error::{Result, RpcError};
@@ -93,9 +94,70 @@ impl<'a> Deadline<'a> {
     }
 }
 
+/// Bytes `stream` has for `buf` right now, without blocking and without
+/// touching its timeout: `None` when it has none yet. Most reads of a frame
+/// find their bytes already there (llama.cpp's client pipelines its
+/// commands), and then one `recv` is all they cost: setting the socket's
+/// timeout before every read was a second system call per read.
+fn recv_now(stream: &TcpStream, buf: &mut [u8]) -> Option<std::io::Result<usize>> {
+    loop {
+        // SAFETY: `buf` is valid for writes of `buf.len()` bytes for the
+        // duration of the call; the descriptor is the live socket's.
+        let n = unsafe {
+            libc::recv(
+                stream.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if n >= 0 {
+            return Some(Ok(n as usize));
+        }
+        let e = std::io::Error::last_os_error();
+        match e.kind() {
+            ErrorKind::Interrupted => continue,
+            ErrorKind::WouldBlock => return None,
+            _ => return Some(Err(e)),
+        }
+    }
+}
+
+/// [`recv_now`] for writing: what the socket takes of `buf` right now.
+fn send_now(stream: &TcpStream, buf: &[u8]) -> Option<std::io::Result<usize>> {
+    loop {
+        // SAFETY: `buf` is valid for reads of `buf.len()` bytes for the
+        // duration of the call; the descriptor is the live socket's.
+        let n = unsafe {
+            libc::send(
+                stream.as_raw_fd(),
+                buf.as_ptr().cast(),
+                buf.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if n >= 0 {
+            return Some(Ok(n as usize));
+        }
+        let e = std::io::Error::last_os_error();
+        match e.kind() {
+            ErrorKind::Interrupted => continue,
+            ErrorKind::WouldBlock => return None,
+            _ => return Some(Err(e)),
+        }
+    }
+}
+
 impl Read for Deadline<'_> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        self.stream.set_read_timeout(Some(self.left()?))?;
+        let left = self.left()?;
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        if let Some(done) = recv_now(self.stream, buf) {
+            return done;
+        }
+        self.stream.set_read_timeout(Some(left))?;
         let mut s = self.stream;
         match s.read(buf) {
             // The socket timeout is the time left: it ran out.
@@ -110,7 +172,14 @@ impl Read for Deadline<'_> {
 
 impl Write for Deadline<'_> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.stream.set_write_timeout(Some(self.left()?))?;
+        let left = self.left()?;
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        if let Some(done) = send_now(self.stream, buf) {
+            return done;
+        }
+        self.stream.set_write_timeout(Some(left))?;
         let mut s = self.stream;
         match s.write(buf) {
             Err(e) if e.kind() == ErrorKind::WouldBlock => Err(std::io::Error::new(
@@ -123,6 +192,123 @@ impl Write for Deadline<'_> {
 
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
+    }
+}
+
+/// A session's reads: a [`Deadline`] (or none, between frames without an
+/// idle timeout) with a buffer kept across frames, so that the frames a
+/// client pipelines (SET_TENSORs, GRAPH_COMPUTE, GET_TENSOR of one llama.cpp
+/// step arrive together) cost one `recv` together instead of three each
+/// (command byte, size, payload; upstream's rpc-server makes those three).
+/// Reads at least as large as the buffer go straight to the socket. The
+/// buffer is [`FrameReader::CAPACITY`] bytes per connection, outside the
+/// in-flight budget and bounded by the connection caps (256 pending and 64
+/// admitted at the defaults: 20 MiB at most).
+#[derive(Debug)]
+pub struct FrameReader<'a> {
+    stream: &'a TcpStream,
+    /// `None`: no deadline.
+    at: Option<Instant>,
+    buf: Vec<u8>,
+    pos: usize,
+    end: usize,
+    /// The socket's read timeout as this reader last set it (`None`: not
+    /// known).
+    timeout: Option<Option<Duration>>,
+}
+
+impl<'a> FrameReader<'a> {
+    /// Bytes read ahead at most.
+    pub const CAPACITY: usize = 64 << 10;
+
+    /// Reads from `stream`, without a deadline until [`FrameReader::set`].
+    pub fn new(stream: &'a TcpStream) -> Self {
+        FrameReader {
+            stream,
+            at: None,
+            buf: vec![0; Self::CAPACITY],
+            pos: 0,
+            end: 0,
+            timeout: None,
+        }
+    }
+
+    /// The deadline of the reads from now on (`None`: none).
+    pub fn set(&mut self, at: Option<Instant>) {
+        self.at = at;
+    }
+
+    /// One read from the socket, blocking at most until the deadline. The
+    /// socket's timeout is set only when the one it has could outlast the
+    /// time left, and then a second under it (so the next frames' reads,
+    /// with their whole frame timeout left, find it fine): a timeout that
+    /// expires with time left is waited again. Setting it before every
+    /// blocking read was one system call in three (strace, llama-bench tg:
+    /// 6.7 `setsockopt` per token and server).
+    fn read_socket(
+        stream: &TcpStream,
+        at: Option<Instant>,
+        timeout: &mut Option<Option<Duration>>,
+        out: &mut [u8],
+    ) -> std::io::Result<usize> {
+        const MARGIN: Duration = Duration::from_secs(1);
+        loop {
+            if let Some(done) = recv_now(stream, out) {
+                return done;
+            }
+            let left = match at {
+                None => None,
+                Some(at) => {
+                    let left = at.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(std::io::Error::new(
+                            ErrorKind::TimedOut,
+                            "the frame's deadline passed",
+                        ));
+                    }
+                    Some(left)
+                }
+            };
+            let fine = match (*timeout, left) {
+                (Some(Some(set)), Some(left)) => set <= left,
+                // Waiting without a deadline: a timeout of a second or more
+                // only wakes the wait now and then.
+                (Some(Some(set)), None) => set >= MARGIN,
+                (Some(None), None) => true,
+                _ => false,
+            };
+            if !fine {
+                let t = left.map(|l| if l > 2 * MARGIN { l - MARGIN } else { l });
+                *timeout = None;
+                stream.set_read_timeout(t)?;
+                *timeout = Some(t);
+            }
+            let mut s = stream;
+            match s.read(out) {
+                // The socket's timeout ran out: the deadline decides.
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                r => return r,
+            }
+        }
+    }
+}
+
+impl Read for FrameReader<'_> {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        if self.pos == self.end {
+            if out.len() >= self.buf.len() {
+                return Self::read_socket(self.stream, self.at, &mut self.timeout, out);
+            }
+            let n = Self::read_socket(self.stream, self.at, &mut self.timeout, &mut self.buf)?;
+            self.pos = 0;
+            self.end = n;
+        }
+        let have = self.buf.get(self.pos..self.end).unwrap_or_default();
+        let n = have.len().min(out.len());
+        out[..n].copy_from_slice(&have[..n]);
+        self.pos += n;
+        Ok(n)
     }
 }
 
@@ -168,6 +354,56 @@ mod tests {
         assert!(took < Duration::from_millis(600), "{took:?}");
         drop(rx);
         let _ = sender.join();
+        Ok(())
+    }
+
+    /// Frames that arrive together are read ahead and handed out in
+    /// order, across the buffer's end and past its size; a frame that does
+    /// not come keeps its deadline (and a trickle its whole-read deadline).
+    #[test]
+    fn a_frame_reader_reads_ahead_in_order_and_keeps_deadlines() -> std::io::Result<()> {
+        let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let mut tx = TcpStream::connect(l.local_addr()?)?;
+        let (rx, _) = l.accept()?;
+        let big = FrameReader::CAPACITY + 12_345;
+        let bytes: Vec<u8> = (0..(3 * big)).map(|i| (i * 7 % 251) as u8).collect();
+        let sent = bytes.clone();
+        let sender = std::thread::spawn(move || tx.write_all(&sent).map(|()| tx));
+        let mut rd = FrameReader::new(&rx);
+        rd.set(Some(Instant::now() + Duration::from_secs(30)));
+        let mut got = Vec::new();
+        // Small pieces, then one larger than the buffer, then the rest.
+        for n in [
+            1usize,
+            8,
+            100,
+            65_000,
+            big,
+            3 * big - 1 - 8 - 100 - 65_000 - big,
+        ] {
+            let mut piece = vec![0u8; n];
+            rd.read_exact(&mut piece)?;
+            got.extend_from_slice(&piece);
+        }
+        assert!(got == bytes, "bytes differ");
+        let tx = sender
+            .join()
+            .map_err(|_| std::io::Error::other("sender"))??;
+        rd.set(Some(Instant::now() + Duration::from_millis(100)));
+        let mut one = [0u8; 1];
+        let e = rd.read_exact(&mut one).err().map(|e| e.kind());
+        assert_eq!(e, Some(ErrorKind::TimedOut));
+        // No deadline: the next byte whenever it comes.
+        rd.set(None);
+        let mut tx = tx;
+        tx.write_all(&[42])?;
+        rd.read_exact(&mut one)?;
+        assert_eq!(one, [42]);
+        drop(tx);
+        assert_eq!(
+            rd.read_exact(&mut one).err().map(|e| e.kind()),
+            Some(ErrorKind::UnexpectedEof)
+        );
         Ok(())
     }
 

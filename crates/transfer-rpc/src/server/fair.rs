@@ -164,8 +164,13 @@ impl Drop for DeviceTurn<'_> {
             }
             line.serving += 1;
         }
+        // Nobody in line (the usual case: one session per device): no
+        // wake-up call (a `futex` system call per graph, strace).
+        let waiting = line.next > line.serving;
         drop(line);
-        self.queue.turn.notify_all();
+        if waiting {
+            self.queue.turn.notify_all();
+        }
     }
 }
 

@@ -545,15 +545,17 @@ impl GgmlCpuBackend {
         let ptrs = &prepared.ptrs;
         let lookup = LockedLookup {
             mem,
-            // Only index checks look buffers up (most graphs have none).
-            regions: if index_nodes == 0 {
-                HashMap::new()
-            } else {
-                g.checked
-                    .iter()
-                    .filter_map(|c| c.placement.map(|(r, _)| (r.handle, r)))
-                    .collect()
-            },
+            // Only index checks look buffers up: the buffers of the index
+            // tensors (not a map of every tensor's buffer, built on every
+            // run of a llama graph: its KV stores are SET_ROWS nodes).
+            regions: g
+                .upfront_index_checks
+                .iter()
+                .chain(&g.deferred_index_checks)
+                .filter_map(|&node| index_tensor(g, node).ok())
+                .filter_map(|ix| g.checked.get(ix).and_then(|c| c.placement))
+                .map(|(r, _)| (r.handle, r))
+                .collect(),
         };
         for &node in &g.upfront_index_checks {
             pinned.pin(g, node, &lookup, &self.limits, ctx, ptrs, &mut scratch)?;

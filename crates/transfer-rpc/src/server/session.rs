@@ -15,7 +15,7 @@ use super::registry::Held;
 #[cfg(feature = "engine")]
 use crate::engine_link::EngineSession;
 use crate::error::{Result, RpcError};
-use crate::io::Deadline;
+use crate::io::{Deadline, FrameReader};
 use crate::protocol::frame::{REQUEST_HEADER_SIZE, encode_response};
 use crate::protocol::request::{
     SET_TENSOR_HEADER_SIZE, decode_set_tensor_header, max_request_payload,
@@ -56,6 +56,9 @@ enum Next {
 /// SET_TENSOR data is copied to its buffer in pieces of at most this many
 /// bytes, so a session holds at most this much of a large upload.
 pub(super) const STREAM_CHUNK: usize = 4 << 20;
+
+/// GET_TENSOR answers up to this size go out in one write with their size.
+const SMALL_ANSWER: u64 = 64 << 10;
 
 impl Session {
     /// A new session for connection `id`.
@@ -115,19 +118,16 @@ impl Session {
         }
     }
 
-    fn read_frame(&mut self, stream: &mut TcpStream) -> Result<Next> {
+    fn read_frame(&mut self, rd: &mut FrameReader<'_>) -> Result<Next> {
         let cfg = &self.shared.config;
         let mut head = [0u8; REQUEST_HEADER_SIZE];
         // Between frames: the HELLO deadline, then the idle timeout.
-        let first = if self.hello_done {
-            stream
-                .set_read_timeout(cfg.idle_timeout)
-                .map_err(|e| RpcError::io("set_read_timeout", e))?;
-            stream.read_exact(&mut head[..1])
+        rd.set(if self.hello_done {
+            cfg.idle_timeout.and_then(|d| Instant::now().checked_add(d))
         } else {
-            Deadline::new(stream, self.deadline(self.started, 0)).read_exact(&mut head[..1])
-        };
-        match first {
+            Some(self.deadline(self.started, 0))
+        });
+        match rd.read_exact(&mut head[..1]) {
             Ok(()) => {}
             Err(e) if e.kind() == ErrorKind::UnexpectedEof => return Ok(Next::Closed),
             Err(e) => return Err(RpcError::io("read command", e)),
@@ -136,7 +136,7 @@ impl Session {
         // however its bytes are spread out (a pending connection keeps its
         // HELLO deadline).
         let start = Instant::now();
-        let mut io = Deadline::new(stream, self.deadline(start, 0));
+        rd.set(Some(self.deadline(start, 0)));
         let cmd = Command::from_byte(head[0])?;
         if cmd.is_extension() && !self.shared.config.extensions {
             return Err(RpcError::UnknownCommand(head[0]));
@@ -150,7 +150,7 @@ impl Session {
         if !self.hello_done && cmd != Command::Hello {
             return Err(RpcError::refused(cmd.name(), "HELLO must come first"));
         }
-        io.read_exact(&mut head[1..])
+        rd.read_exact(&mut head[1..])
             .map_err(|e| RpcError::io("read size", e))?;
         let mut size = [0u8; 8];
         size.copy_from_slice(&head[1..]);
@@ -169,15 +169,15 @@ impl Session {
                 format!("payload of {declared} bytes, the command carries at most {most}"),
             ));
         }
-        io.set(self.deadline(start, declared));
+        let until = self.deadline(start, declared);
+        rd.set(Some(until));
         if cmd == Command::SetTensor {
-            let until = io.at();
-            self.set_tensor(&mut io, size, until)?;
+            self.set_tensor(rd, size, until)?;
             return Ok(Next::Streamed);
         }
-        let held = self.reserve(cmd.name(), declared, io.at())?;
+        let held = self.reserve(cmd.name(), declared, until)?;
         // Memory follows the bytes that actually arrive (fallibly).
-        let payload = crate::io::read_payload(&mut io, size, cmd.name())?;
+        let payload = crate::io::read_payload(rd, size, cmd.name())?;
         Ok(Next::Frame(cmd, payload, held))
     }
 
@@ -221,6 +221,21 @@ impl Session {
             .max(1);
         let _held = self.reserve(CALL, chunk, until)?;
         let io = |e| RpcError::io("write response", e);
+        if header && size <= SMALL_ANSWER && size <= chunk {
+            // Size and data in one write: one system call and one TCP
+            // segment (with TCP_NODELAY the size alone went out as its
+            // own segment, and the client woke up for it).
+            let mut answer = Vec::with_capacity(8 + size as usize);
+            answer.extend_from_slice(&size.to_le_bytes());
+            if size > 0 {
+                let piece = self
+                    .shared
+                    .registry
+                    .read_range(CALL, region.handle, at, size)?;
+                answer.extend_from_slice(&piece);
+            }
+            return out.write_all(&answer).map_err(io);
+        }
         if header {
             out.write_all(&size.to_le_bytes()).map_err(io)?;
         }
@@ -372,8 +387,10 @@ impl Session {
 
     /// Serves the connection until it closes or sends something refused.
     pub fn run(&mut self, stream: &mut TcpStream) -> Result<()> {
+        let stream: &TcpStream = stream;
+        let mut rd = FrameReader::new(stream);
         loop {
-            let (cmd, payload, _held) = match self.read_frame(stream)? {
+            let (cmd, payload, _held) = match self.read_frame(&mut rd)? {
                 Next::Closed => return Ok(()),
                 Next::Streamed => continue,
                 Next::Frame(c, p, r) => (c, p, r),
