@@ -558,7 +558,30 @@ impl Conn {
             .swap(false, std::sync::atomic::Ordering::AcqRel);
         self.settled_before
             .store(before, std::sync::atomic::Ordering::Release);
-        match f(client).and_then(|v| check_posted(client).map(|()| v)) {
+        let flush = |client: &mut Client| {
+            // Requests the client kept (ClientConfig::coalesce) go out
+            // unless the next queued job is a command too, which will
+            // flush them with its own: a burst posted back to back (a
+            // step's inputs and graph) is one write, a lone command is
+            // written at once. Measured (strace, llama-bench tg, 4
+            // servers): 10.9 send calls per decode step instead of 47.0;
+            // tg t/s unchanged within noise. A host that queues a step's
+            // inputs slower than the worker sends them (the first stage)
+            // still sends them one by one: the worker does not wait for
+            // more. Under the client lock, then the queue's (the order
+            // `run_at` already takes them in).
+            let next_is_command =
+                pos > 0 && matches!(self.lock_queue().jobs.front(), Some(Job::Run(..)));
+            if next_is_command {
+                Ok(())
+            } else {
+                client.flush()
+            }
+        };
+        match f(client)
+            .and_then(|v| check_posted(client).map(|()| v))
+            .and_then(|v| flush(client).map(|()| v))
+        {
             Ok(v) => {
                 if pos > 0 && self.settled.load(std::sync::atomic::Ordering::Acquire) {
                     self.advance(pos);

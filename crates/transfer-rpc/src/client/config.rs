@@ -12,6 +12,9 @@ pub const ENV_STATS: &str = "TRANSFER_RPC_STATS";
 /// an ordinary call's request is sent (the order before `early_send`; for
 /// A/B runs).
 pub const ENV_EARLY_SEND: &str = "TRANSFER_RPC_EARLY_SEND";
+/// Environment variable: `0` writes every request at once (no coalescing
+/// of commands sent back to back; for A/B runs).
+pub const ENV_COALESCE: &str = "TRANSFER_RPC_COALESCE";
 
 /// Client behaviour switches.
 #[derive(Debug, Clone)]
@@ -41,6 +44,14 @@ pub struct ClientConfig {
     /// in order), instead of after: the request does not wait for those
     /// answers to cross the link ([`Client`](super::Client)'s `call`).
     pub early_send: bool,
+    /// Requests without an answer (SET_TENSOR with small data, GRAPH_*,
+    /// posted commands) are kept and written together: before an answer is
+    /// read, at [`COALESCE_BOUND`](super::connection::COALESCE_BOUND)
+    /// bytes, or by [`Client::flush`](super::Client::flush), which the
+    /// owner must call before it waits on anything else (another party may
+    /// be waiting for a kept command). Off by default; the plugin turns it
+    /// on (its worker flushes when no command is queued next).
+    pub coalesce: bool,
 }
 
 impl Default for ClientConfig {
@@ -54,6 +65,7 @@ impl Default for ClientConfig {
             probe_extensions: true,
             source: None,
             early_send: true,
+            coalesce: false,
         }
     }
 }
@@ -71,14 +83,17 @@ pub fn parse_flag(value: Option<&str>, default: bool) -> bool {
 }
 
 impl ClientConfig {
-    /// Defaults, with `TRANSFER_RPC_P2P`, `TRANSFER_RPC_STATS` and
-    /// `TRANSFER_RPC_EARLY_SEND` applied.
+    /// Defaults, with `TRANSFER_RPC_P2P`, `TRANSFER_RPC_STATS`,
+    /// `TRANSFER_RPC_EARLY_SEND` and `TRANSFER_RPC_COALESCE` (default on:
+    /// a caller of `from_env` flushes, see [`ClientConfig::coalesce`])
+    /// applied.
     pub fn from_env() -> Self {
         let var = |k: &str| std::env::var(k).ok();
         ClientConfig {
             p2p: parse_flag(var(ENV_P2P).as_deref(), true),
             stats: parse_flag(var(ENV_STATS).as_deref(), false),
             early_send: parse_flag(var(ENV_EARLY_SEND).as_deref(), true),
+            coalesce: parse_flag(var(ENV_COALESCE).as_deref(), true),
             ..ClientConfig::default()
         }
     }

@@ -30,7 +30,17 @@ pub struct Client {
     posted: VecDeque<Command>,
     /// Answers of posted commands read early (before an ordinary call).
     answers: Vec<bool>,
+    /// Request bytes not yet written ([`ClientConfig::coalesce`]): at most
+    /// [`COALESCE_BOUND`] plus one frame's head, written by
+    /// [`Client::flush`], before any answer is read, or at the bound.
+    out: Vec<u8>,
 }
+
+/// Request bytes a coalescing client keeps before it writes them: a decode
+/// step's posted burst on one connection (input SET_TENSORs of ~300 bytes,
+/// a GRAPH_RECOMPUTE, marks) is a few KiB; tensor data past this goes out
+/// directly, without a copy.
+pub const COALESCE_BOUND: usize = 64 * 1024;
 
 /// A TCP connection to `to` from local address `source` (any port), the
 /// connect bounded by `timeout` (Linux applies SO_SNDTIMEO to connect).
@@ -214,6 +224,7 @@ impl Client {
             ext: None,
             posted: VecDeque::new(),
             answers: Vec::new(),
+            out: Vec::new(),
         };
         let resp = c.call(&Request::Hello(HelloRequest::default()), 0)?;
         let Response::Hello(h) = resp else {
@@ -292,22 +303,49 @@ impl Client {
             }
             .encode_payload();
             let size = (head.len() + data.len()) as u64;
-            let mut frame = Vec::with_capacity(REQUEST_HEADER_SIZE + head.len());
-            frame.push(cmd.byte());
-            frame.extend_from_slice(&size.to_le_bytes());
-            frame.extend_from_slice(&head);
-            self.stream
-                .write_all(&frame)
-                .and_then(|()| self.stream.write_all(data))
-                .map_err(|e| RpcError::io(cmd.name(), e))?;
+            if !self.config.coalesce {
+                let mut frame = Vec::with_capacity(REQUEST_HEADER_SIZE + head.len());
+                frame.push(cmd.byte());
+                frame.extend_from_slice(&size.to_le_bytes());
+                frame.extend_from_slice(&head);
+                self.stream
+                    .write_all(&frame)
+                    .and_then(|()| self.stream.write_all(data))
+                    .map_err(|e| RpcError::io(cmd.name(), e))?;
+                return Ok(self.sent(cmd, REQUEST_HEADER_SIZE as u64 + size));
+            }
+            self.out.push(cmd.byte());
+            self.out.extend_from_slice(&size.to_le_bytes());
+            self.out.extend_from_slice(&head);
+            if self.out.len() + data.len() <= COALESCE_BOUND {
+                // Small data (a decode step's inputs): one write with its
+                // head, and with the frames around it when coalescing.
+                self.out.extend_from_slice(data);
+                self.flush_unless_coalescing(cmd)?;
+            } else {
+                self.write_out(cmd)?;
+                self.stream
+                    .write_all(data)
+                    .map_err(|e| RpcError::io(cmd.name(), e))?;
+            }
             REQUEST_HEADER_SIZE as u64 + size
         } else {
             let frame = req.encode_frame();
-            self.stream
-                .write_all(&frame)
-                .map_err(|e| RpcError::io(cmd.name(), e))?;
+            if self.out.is_empty() && !self.config.coalesce {
+                self.stream
+                    .write_all(&frame)
+                    .map_err(|e| RpcError::io(cmd.name(), e))?;
+            } else {
+                self.out.extend_from_slice(&frame);
+                self.flush_unless_coalescing(cmd)?;
+            }
             frame.len() as u64
         };
+        Ok(self.sent(cmd, written))
+    }
+
+    /// Counts and traces a request of `written` bytes; returns `written`.
+    fn sent(&mut self, cmd: Command, written: u64) -> u64 {
         if let Some(s) = self.stats.as_mut() {
             s.record(cmd, written, 0);
         }
@@ -318,7 +356,59 @@ impl Client {
                 cmd.name()
             ));
         }
-        Ok(written)
+        written
+    }
+
+    /// Writes the kept bytes unless this client coalesces and they are
+    /// under [`COALESCE_BOUND`].
+    fn flush_unless_coalescing(&mut self, cmd: Command) -> Result<()> {
+        if !self.config.coalesce || self.out.len() >= COALESCE_BOUND {
+            self.write_out(cmd)?;
+        }
+        Ok(())
+    }
+
+    /// Writes the kept request bytes (one write); a failure is reported
+    /// against `cmd`, the command that caused the write.
+    fn write_out(&mut self, cmd: Command) -> Result<()> {
+        if self.out.is_empty() {
+            return Ok(());
+        }
+        let r = self.stream.write_all(&self.out);
+        let len = self.out.len();
+        self.out.clear();
+        if self.out.capacity() > 2 * COALESCE_BOUND {
+            self.out.shrink_to(COALESCE_BOUND);
+        }
+        r.map_err(|e| RpcError::io(cmd.name(), e))?;
+        if super::trace::enabled() && self.config.coalesce {
+            super::trace::event(format_args!("{} FLUSH {len}", self.endpoint));
+        }
+        Ok(())
+    }
+
+    /// Writes the requests a coalescing client ([`ClientConfig::coalesce`])
+    /// kept. Its owner calls this before it waits for anything other than
+    /// this connection's answers (which flush by themselves): a kept
+    /// command may be what another party waits for. A no-op when nothing
+    /// is kept.
+    pub fn flush(&mut self) -> Result<()> {
+        if self.out.is_empty() {
+            return Ok(());
+        }
+        let r = self.stream.write_all(&self.out);
+        let len = self.out.len();
+        self.out.clear();
+        r.map_err(|e| RpcError::io("flush", e))?;
+        if super::trace::enabled() {
+            super::trace::event(format_args!("{} FLUSH {len}", self.endpoint));
+        }
+        Ok(())
+    }
+
+    /// Request bytes kept by a coalescing client, not yet written.
+    pub fn unflushed(&self) -> usize {
+        self.out.len()
     }
 
     fn recv(&mut self, cmd: Command, expected_data: usize) -> Result<Response> {
@@ -362,10 +452,13 @@ impl Client {
         // while this request is being written.
         if self.config.early_send {
             self.send(req)?;
+            self.write_out(req.command())?;
             self.drain_posted()?;
         } else {
+            self.write_out(req.command())?;
             self.drain_posted()?;
             self.send(req)?;
+            self.write_out(req.command())?;
         }
         self.recv(req.command(), expected_data)
     }
@@ -394,6 +487,7 @@ impl Client {
     /// sent with `post_*`), in the order they were sent, including those an
     /// ordinary call already read on the way. `true` = that command answered 1.
     pub fn collect_posted(&mut self) -> Result<Vec<bool>> {
+        self.flush()?;
         self.drain_posted()?;
         Ok(std::mem::take(&mut self.answers))
     }
@@ -752,6 +846,7 @@ impl Client {
 
     /// Sends raw bytes (tests and fuzzing of servers).
     pub fn send_raw(&mut self, bytes: &[u8]) -> Result<()> {
+        self.flush()?;
         self.stream
             .write_all(bytes)
             .map_err(|e| RpcError::io("send_raw", e))
@@ -821,6 +916,63 @@ mod tests {
                 Command::Hello.byte(),
                 Command::MarkWait.byte(),
                 Command::DeviceCount.byte()
+            ]
+        );
+        Ok(())
+    }
+
+    /// A coalescing client keeps requests without an answer until a call
+    /// (or a flush) writes them, in order, ahead of the call's own request.
+    #[test]
+    fn coalesced_requests_go_out_in_order_with_the_next_call() -> Result<()> {
+        let l = TcpListener::bind("127.0.0.1:0").map_err(|e| RpcError::io("bind", e))?;
+        let addr = l
+            .local_addr()
+            .map_err(|e| RpcError::io("local_addr", e))?
+            .to_string();
+        let server = std::thread::spawn(move || -> std::io::Result<Vec<u8>> {
+            let (mut s, _) = l.accept()?;
+            let (hello, _) = read_frame(&mut s)?;
+            answer(&mut s, &Response::Hello(HelloResponse::ours()))?;
+            let mut seen = vec![hello];
+            for _ in 0..4 {
+                seen.push(read_frame(&mut s)?.0);
+            }
+            answer(&mut s, &Response::Status(1))?;
+            answer(&mut s, &Response::DeviceCount(2))?;
+            seen.push(read_frame(&mut s)?.0);
+            Ok(seen)
+        });
+        let config = ClientConfig {
+            probe_extensions: false,
+            io_timeout: Some(Duration::from_secs(20)),
+            coalesce: true,
+            ..ClientConfig::default()
+        };
+        let mut c = Client::connect(&addr, config)?;
+        let t = RpcTensor::default();
+        c.set_tensor(&t, 0, &[1, 2, 3, 4])?;
+        c.post_mark_wait(7, 1, 1000)?;
+        c.graph_recompute(0)?;
+        assert!(c.unflushed() > 0, "requests without an answer are kept");
+        assert_eq!(c.device_count()?, 2);
+        assert_eq!(c.unflushed(), 0);
+        assert_eq!(c.collect_posted()?, vec![true]);
+        c.graph_recompute(1)?;
+        c.flush()?;
+        let seen = server
+            .join()
+            .map_err(|_| RpcError::refused("test", "server thread panicked"))?
+            .map_err(|e| RpcError::io("test server", e))?;
+        assert_eq!(
+            seen,
+            [
+                Command::Hello.byte(),
+                Command::SetTensor.byte(),
+                Command::MarkWait.byte(),
+                Command::GraphRecompute.byte(),
+                Command::DeviceCount.byte(),
+                Command::GraphRecompute.byte(),
             ]
         );
         Ok(())

@@ -8,7 +8,7 @@ pub mod stats;
 pub mod trace;
 
 pub use config::ClientConfig;
-pub use connection::Client;
+pub use connection::{COALESCE_BOUND, Client};
 pub use engine::{EngineBoundary, EngineInfo, EngineWrite, InboundLane, open_engine_boundary};
 pub use stage_copy::{CopyPath, copy_between};
 pub use stats::{CommandStats, Stats};
