@@ -206,6 +206,8 @@ fn rank_loop(
     };
     let setup = setup_of(&job.workload)
         .ok_or_else(|| BenchError::Usage(format!("unknown workload {:?}", job.workload)))?;
+    // Before the engine: its threads inherit the binding.
+    crate::workloads::pin::pin_rank(rank, job.world);
     let mode = signal::progress_mode(opts)?;
     let ctx = Ctx {
         engine: Arc::new(

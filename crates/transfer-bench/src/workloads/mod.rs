@@ -7,6 +7,7 @@ pub mod bound;
 pub mod coord;
 pub mod kv;
 pub mod moe;
+pub mod pin;
 pub mod plot;
 pub mod records;
 pub mod report;
@@ -241,8 +242,9 @@ fn run(a: &RunArgs) -> Result<()> {
                 let places: Vec<Place> = (0..n).map(|i| h[i % h.len()].clone()).collect();
                 let listen = h[0].ip.clone().unwrap_or_else(|| "127.0.0.1".into());
                 let layout = format!(
-                    "{n} ranks on {} namespace hosts{}",
+                    "{n} ranks on {} namespace hosts, {}{}",
                     h.len().min(n),
+                    pin::words(),
                     a.link_rate
                         .as_ref()
                         .map(|r| format!(", links shaped to {r}"))
@@ -253,7 +255,10 @@ fn run(a: &RunArgs) -> Result<()> {
             _ => (
                 vec![Place::default(); n],
                 "127.0.0.1".to_string(),
-                format!("{n} processes on this machine ({cores} cores)"),
+                format!(
+                    "{n} processes on this machine ({cores} cores), {}",
+                    pin::words()
+                ),
             ),
         };
         let mut ranks = Ranks::spawn(&opts, &places, &listen)?;

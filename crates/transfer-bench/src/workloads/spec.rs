@@ -40,8 +40,9 @@ pub fn shuffle(n: usize, seed: u64) -> Vec<u32> {
     a
 }
 
-/// Byte `i` of the fill pattern of a unit whose hash is `h`.
-#[inline]
+/// Byte `i` of the fill pattern of a unit whose hash is `h`: the
+/// definition, which [`fill`] and [`first_mismatch`] compute by rows.
+#[cfg(test)]
 fn pattern_byte(h: u64, i: usize) -> u8 {
     if i < 8 {
         h.to_le_bytes()[i]
@@ -56,22 +57,83 @@ pub fn unit_hash(tag: u64, it: u64) -> u64 {
     mix(tag ^ (it << 48))
 }
 
+/// Past its first 8 bytes a unit's pattern repeats every 256 bytes inside
+/// each 4096-byte block (`i * 131 mod 256` has period 256, `i >> 12` is
+/// constant in a block): row `block` holds those 256 bytes, so filling and
+/// checking copy and compare one row per block instead of computing every
+/// byte, as the Open MPI harness (`xtask/src/mpi/common.c`) does.
+/// Computing every byte made fill and check 27 % of the moe ranks' CPU
+/// (perf, shm, default sizes); untimed, but on 2 shared cores it ran while
+/// other ranks were still timing.
+fn block_row(h: u64, block: u64) -> [u8; 256] {
+    let mut row = [0u8; 256];
+    for (j, b) in row.iter_mut().enumerate() {
+        *b = h
+            .wrapping_add((j as u64).wrapping_mul(131))
+            .wrapping_add(block) as u8;
+    }
+    row
+}
+
+/// Calls `f(offset in the slice, the pattern's bytes there)` over the
+/// pattern of bytes `start..start + len` of the unit whose hash is `h`, in
+/// pieces of at most 256 bytes (the first 8 bytes of the unit, then rows).
+fn pattern_pieces(h: u64, start: usize, len: usize, mut f: impl FnMut(usize, &[u8]) -> bool) {
+    let head = h.to_le_bytes();
+    let mut k = 0;
+    while k < len && start + k < 8 {
+        let i = start + k;
+        let n = (8 - i).min(len - k);
+        if !f(k, &head[i..i + n]) {
+            return;
+        }
+        k += n;
+    }
+    while k < len {
+        let i = start + k;
+        let row = block_row(h, (i >> 12) as u64);
+        let block_end = ((i >> 12) + 1) << 12;
+        let end = block_end.min(start + len);
+        let mut at = i;
+        while at < end {
+            let off = at & 255;
+            let n = (256 - off).min(end - at);
+            if !f(at - start, &row[off..off + n]) {
+                return;
+            }
+            at += n;
+        }
+        k = end - start;
+    }
+}
+
 /// Writes bytes `start..start + out.len()` of the pattern of unit (`tag`, `it`) into `out`.
 pub fn fill(out: &mut [u8], tag: u64, it: u64, start: usize) {
     let h = unit_hash(tag, it);
-    for (k, b) in out.iter_mut().enumerate() {
-        *b = pattern_byte(h, start + k);
-    }
+    pattern_pieces(h, start, out.len(), |k, want| {
+        out[k..k + want.len()].copy_from_slice(want);
+        true
+    });
 }
 
 /// The first byte of `got` (bytes `start..` of unit (`tag`, `it`)) that
 /// differs from the pattern, as (index in the unit, expected, found).
 pub fn first_mismatch(got: &[u8], tag: u64, it: u64, start: usize) -> Option<(usize, u8, u8)> {
     let h = unit_hash(tag, it);
-    got.iter().enumerate().find_map(|(k, &b)| {
-        let want = pattern_byte(h, start + k);
-        (b != want).then_some((start + k, want, b))
-    })
+    let mut found = None;
+    pattern_pieces(h, start, got.len(), |k, want| {
+        let piece = &got[k..k + want.len()];
+        if piece == want {
+            return true;
+        }
+        found = piece
+            .iter()
+            .zip(want)
+            .position(|(g, w)| g != w)
+            .map(|j| (start + k + j, want[j], piece[j]));
+        false
+    });
+    found
 }
 
 /// Parameters of kv (disaggregated prefill -> decode).
@@ -324,6 +386,26 @@ mod tests {
         a.sort_unstable();
         assert_eq!(a, (0..1000).collect::<Vec<u32>>());
         assert_eq!(shuffle(1000, 7), shuffle(1000, 7));
+    }
+
+    #[test]
+    fn rows_give_the_same_bytes_as_the_formula() {
+        let h = unit_hash(7, 9);
+        for (start, len) in [
+            (0, 10_000),
+            (3, 5),
+            (8, 4088),
+            (4090, 20),
+            (12_345, 9_000),
+            (0, 1),
+        ] {
+            let mut out = vec![0u8; len];
+            fill(&mut out, 7, 9, start);
+            for (k, &b) in out.iter().enumerate() {
+                assert_eq!(b, pattern_byte(h, start + k), "start {start} byte {k}");
+            }
+            assert_eq!(first_mismatch(&out, 7, 9, start), None);
+        }
     }
 
     #[test]
