@@ -1,8 +1,10 @@
 //! `cargo xtask bench llama-rpc`: unmodified `llama-bench --rpc` over two
 //! of our `transfer-rpc-server`s against two stock `rpc-server`s of the
-//! llama.cpp build it comes from, side by side in one run (rounds
-//! alternate between the two, so machine load hits both alike), at each
-//! thread count asked for. Prints tokens/s per test and ours/stock.
+//! llama.cpp build it comes from, and against two of ggml's rpc-servers
+//! built from the ggml ours computes with, side by side in one run (rounds
+//! rotate over the three, so machine load hits all alike), at each thread
+//! count asked for. Prints tokens/s per test, ours/stock and
+//! ours/same-ggml.
 //!
 //! It needs a llama.cpp build with `llama-bench` and `rpc-server` (e.g.
 //! `cmake -DGGML_RPC=ON -DGGML_BACKEND_DL=ON ...`), given by `--llama-bin`.
@@ -84,15 +86,12 @@ fn free_port() -> Result<u16, String> {
         .map_err(|e| format!("a free port: {e}"))
 }
 
-fn start(
-    program: &Path,
-    threads: Option<usize>,
-    extra: &[&str],
-) -> Result<(Child, String), String> {
+/// Starts `program [lead...] -H 127.0.0.1 -p PORT [-t threads]`.
+fn start(program: &Path, lead: &[&str], threads: Option<usize>) -> Result<(Child, String), String> {
     let port = free_port()?;
     let mut cmd = Command::new(program);
-    cmd.args(["-H", "127.0.0.1", "-p", &port.to_string()])
-        .args(extra)
+    cmd.args(lead)
+        .args(["-H", "127.0.0.1", "-p", &port.to_string()])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
@@ -239,30 +238,47 @@ pub fn run(args: &[String]) -> Result<(), String> {
         model.display(),
         a.rounds
     );
+    // Three sides, rounds alternating: the llama.cpp tree's own
+    // rpc-server (its ggml), ggml's rpc-server compiled from the ggml ours
+    // computes with (`transfer-rpc-pipeline upstream-server`), and ours.
+    // ours / same-ggml is the server's own cost; stock / same-ggml is the
+    // difference between the two ggml versions.
+    let pipeline = target.join("transfer-rpc-pipeline");
+    let sides: [(&str, &Path, &[&str]); 3] = [
+        ("stock", stock.as_path(), &[]),
+        ("same-ggml", pipeline.as_path(), &["upstream-server"]),
+        ("ours", ours.as_path(), &[]),
+    ];
     println!(
-        "{:>8} {:>6} {:>12} {:>12} {:>7}",
-        "threads", "test", "stock t/s", "ours t/s", "ratio"
+        "stock = {}; same-ggml = ggml's rpc-server built from the ggml ours computes with",
+        stock.display()
+    );
+    println!(
+        "{:>8} {:>6} {:>12} {:>12} {:>12} {:>11} {:>15}",
+        "threads", "test", "stock t/s", "same-ggml", "ours t/s", "ours/stock", "ours/same-ggml"
     );
     for &threads in &a.threads {
         let mut children = Servers(Vec::new());
-        let mut eps = [Vec::new(), Vec::new()];
-        for (side, program) in [&stock, &ours].into_iter().enumerate() {
+        let mut eps: [Vec<String>; 3] = Default::default();
+        for (side, (_, program, lead)) in sides.iter().enumerate() {
             for _ in 0..2 {
-                let (c, ep) = start(program, threads, &[])?;
+                let (c, ep) = start(program, lead, threads)?;
                 children.0.push(c);
                 eps[side].push(ep);
             }
         }
-        // test -> [stock samples, ours samples]
-        let mut got: BTreeMap<String, [Vec<f64>; 2]> = BTreeMap::new();
+        // test -> samples per side
+        let mut got: BTreeMap<String, [Vec<f64>; 3]> = BTreeMap::new();
         let label = threads.map_or("default".to_string(), |t| t.to_string());
         for round in 0..a.rounds {
             // Each round's figures and the load average it ran at, so that
-            // a low round can be told apart from a slow server.
+            // a low round can be told apart from a slow server. The order
+            // of the sides rotates per round.
             let mut line = format!("  {label} round {round}:");
-            for (side, ep) in eps.iter().enumerate() {
-                line.push_str(if side == 0 { " stock" } else { " | ours" });
-                for (test, v) in llama_bench(&a.llama_bin, &model, &ep.join(","), threads)? {
+            for k in 0..sides.len() {
+                let side = (round + k) % sides.len();
+                line.push_str(&format!(" | {}", sides[side].0));
+                for (test, v) in llama_bench(&a.llama_bin, &model, &eps[side].join(","), threads)? {
                     line.push_str(&format!(" {test} {v:.1}"));
                     got.entry(test).or_default()[side].push(v);
                 }
@@ -270,16 +286,18 @@ pub fn run(args: &[String]) -> Result<(), String> {
             println!("{line} | load {}", load_average());
         }
         drop(children);
-        for (test, [s, o]) in &got {
+        for (test, samples) in &got {
             let med = |v: &[f64]| {
                 let mut v = v.to_vec();
                 v.sort_by(f64::total_cmp);
                 v.get(v.len() / 2).copied().unwrap_or(0.0)
             };
-            let (s, o) = (med(s), med(o));
+            let [s, g, o] = [med(&samples[0]), med(&samples[1]), med(&samples[2])];
+            let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
             println!(
-                "{label:>8} {test:>6} {s:>12.1} {o:>12.1} {:>6.2}x",
-                if s > 0.0 { o / s } else { 0.0 }
+                "{label:>8} {test:>6} {s:>12.1} {g:>12.1} {o:>12.1} {:>10.2}x {:>14.2}x",
+                ratio(o, s),
+                ratio(o, g)
             );
         }
     }

@@ -100,17 +100,42 @@ impl<'a> Deadline<'a> {
 /// commands), and then one `recv` is all they cost: setting the socket's
 /// timeout before every read was a second system call per read.
 fn recv_now(stream: &TcpStream, buf: &mut [u8]) -> Option<std::io::Result<usize>> {
-    loop {
+    without_waiting(|| {
         // SAFETY: `buf` is valid for writes of `buf.len()` bytes for the
         // duration of the call; the descriptor is the live socket's.
-        let n = unsafe {
+        unsafe {
             libc::recv(
                 stream.as_raw_fd(),
                 buf.as_mut_ptr().cast(),
                 buf.len(),
                 libc::MSG_DONTWAIT,
             )
-        };
+        }
+    })
+}
+
+/// [`recv_now`] for writing: what the socket takes of `buf` right now.
+fn send_now(stream: &TcpStream, buf: &[u8]) -> Option<std::io::Result<usize>> {
+    without_waiting(|| {
+        // SAFETY: `buf` is valid for reads of `buf.len()` bytes for the
+        // duration of the call; the descriptor is the live socket's.
+        unsafe {
+            libc::send(
+                stream.as_raw_fd(),
+                buf.as_ptr().cast(),
+                buf.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        }
+    })
+}
+
+/// Runs a non-blocking socket call (`call` returns its `ssize_t`) until it
+/// is not interrupted: its byte count, `None` when it would block, or its
+/// error.
+fn without_waiting(mut call: impl FnMut() -> isize) -> Option<std::io::Result<usize>> {
+    loop {
+        let n = call();
         if n >= 0 {
             return Some(Ok(n as usize));
         }
@@ -123,28 +148,15 @@ fn recv_now(stream: &TcpStream, buf: &mut [u8]) -> Option<std::io::Result<usize>
     }
 }
 
-/// [`recv_now`] for writing: what the socket takes of `buf` right now.
-fn send_now(stream: &TcpStream, buf: &[u8]) -> Option<std::io::Result<usize>> {
-    loop {
-        // SAFETY: `buf` is valid for reads of `buf.len()` bytes for the
-        // duration of the call; the descriptor is the live socket's.
-        let n = unsafe {
-            libc::send(
-                stream.as_raw_fd(),
-                buf.as_ptr().cast(),
-                buf.len(),
-                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-            )
-        };
-        if n >= 0 {
-            return Some(Ok(n as usize));
-        }
-        let e = std::io::Error::last_os_error();
-        match e.kind() {
-            ErrorKind::Interrupted => continue,
-            ErrorKind::WouldBlock => return None,
-            _ => return Some(Err(e)),
-        }
+/// A blocking socket call made under a timeout set to the time left:
+/// its timing out is the frame's deadline passing.
+fn deadline_passed(r: std::io::Result<usize>) -> std::io::Result<usize> {
+    match r {
+        Err(e) if e.kind() == ErrorKind::WouldBlock => Err(std::io::Error::new(
+            ErrorKind::TimedOut,
+            "the frame's deadline passed",
+        )),
+        r => r,
     }
 }
 
@@ -159,14 +171,7 @@ impl Read for Deadline<'_> {
         }
         self.stream.set_read_timeout(Some(left))?;
         let mut s = self.stream;
-        match s.read(buf) {
-            // The socket timeout is the time left: it ran out.
-            Err(e) if e.kind() == ErrorKind::WouldBlock => Err(std::io::Error::new(
-                ErrorKind::TimedOut,
-                "the frame's deadline passed",
-            )),
-            r => r,
-        }
+        deadline_passed(s.read(buf))
     }
 }
 
@@ -181,13 +186,7 @@ impl Write for Deadline<'_> {
         }
         self.stream.set_write_timeout(Some(left))?;
         let mut s = self.stream;
-        match s.write(buf) {
-            Err(e) if e.kind() == ErrorKind::WouldBlock => Err(std::io::Error::new(
-                ErrorKind::TimedOut,
-                "the frame's deadline passed",
-            )),
-            r => r,
-        }
+        deadline_passed(s.write(buf))
     }
 
     fn flush(&mut self) -> std::io::Result<()> {

@@ -46,6 +46,8 @@ pub mod io;
 pub mod pipeline;
 pub mod protocol;
 pub mod server;
+#[cfg(feature = "upstream-rpc")]
+pub mod upstream;
 pub mod validate;
 
 pub use error::{Result, RpcError};

@@ -11,51 +11,15 @@
 
 mod common;
 
-use std::ffi::CString;
-use std::net::{TcpListener, TcpStream};
-use std::os::raw::c_char;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use llama_cpp_sys_2 as sys;
 use transfer_rpc::client::{Client, ClientConfig};
 use transfer_rpc::protocol::{GraphPayload, RpcTensor};
 use transfer_rpc::server::isolated::{IsolatedBackend, IsolatedConfig};
 use transfer_rpc::server::{ComputeBackend, GgmlCpuBackend, Server, ServerConfig, ServerHandle};
 use transfer_rpc::validate::GraphLimits;
-
-unsafe extern "C" {
-    fn ggml_backend_rpc_start_server(
-        endpoint: *const c_char,
-        cache_dir: *const c_char,
-        n_threads: usize,
-        n_devices: usize,
-        devices: *mut sys::ggml_backend_dev_t,
-    );
-}
-
-fn start_upstream(threads: usize) -> String {
-    let port = {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
-    let ep = format!("127.0.0.1:{port}");
-    let c_ep = CString::new(ep.clone()).unwrap();
-    std::thread::spawn(move || {
-        // SAFETY: the CPU device is built in; the endpoint string outlives
-        // the call (this thread never leaves the server).
-        unsafe {
-            let mut dev = sys::ggml_backend_dev_by_type(sys::GGML_BACKEND_DEVICE_TYPE_CPU);
-            assert!(!dev.is_null());
-            ggml_backend_rpc_start_server(c_ep.as_ptr(), std::ptr::null(), threads, 1, &mut dev);
-        }
-    });
-    while TcpStream::connect(&ep).is_err() {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    ep
-}
 
 fn start_ours(backend: Arc<dyn ComputeBackend>, threads: usize) -> ServerHandle {
     Server::bind(

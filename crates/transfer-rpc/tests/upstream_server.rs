@@ -10,50 +10,13 @@
 
 mod common;
 
-use std::ffi::CString;
-use std::net::{TcpListener, TcpStream};
-use std::os::raw::c_char;
 use std::sync::Arc;
 
 use common::*;
-use llama_cpp_sys_2 as sys;
 use transfer_rpc::client::{Client, ClientConfig, CopyPath, copy_between};
 use transfer_rpc::protocol::{Command, GraphPayload, RpcTensor};
 use transfer_rpc::server::{GgmlCpuBackend, Server, ServerConfig};
 use transfer_rpc::validate::GraphLimits;
-
-unsafe extern "C" {
-    fn ggml_backend_rpc_start_server(
-        endpoint: *const c_char,
-        cache_dir: *const c_char,
-        n_threads: usize,
-        n_devices: usize,
-        devices: *mut sys::ggml_backend_dev_t,
-    );
-}
-
-/// Starts ggml's own RPC server (it never returns) on a free port.
-fn start_upstream() -> String {
-    let port = {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
-    let ep = format!("127.0.0.1:{port}");
-    let c_ep = CString::new(ep.clone()).unwrap();
-    std::thread::spawn(move || {
-        // SAFETY: the CPU device is built in; the endpoint string outlives the
-        // call (moved into this thread, which the server never leaves).
-        unsafe {
-            let mut dev = sys::ggml_backend_dev_by_type(sys::GGML_BACKEND_DEVICE_TYPE_CPU);
-            assert!(!dev.is_null());
-            ggml_backend_rpc_start_server(c_ep.as_ptr(), std::ptr::null(), 1, 1, &mut dev);
-        }
-    });
-    while TcpStream::connect(&ep).is_err() {
-        std::thread::yield_now();
-    }
-    ep
-}
 
 fn add_graph(b: u64, base: u64) -> (GraphPayload, RpcTensor, RpcTensor, RpcTensor) {
     let x = f32_tensor(1, b, base, 0, 8);
@@ -77,7 +40,7 @@ fn add_graph(b: u64, base: u64) -> (GraphPayload, RpcTensor, RpcTensor, RpcTenso
 
 #[test]
 fn our_client_against_ggml_rpc_server() {
-    let ep = start_upstream();
+    let ep = start_upstream(1);
     let mut up = Client::connect(
         &ep,
         ClientConfig {

@@ -109,6 +109,23 @@ enum Cmd {
         #[arg(long, default_value_t = 10_000)]
         engine_wait_ms: u32,
     },
+    /// Run ggml's own RPC server (upstream's `rpc-server`, compiled from
+    /// the ggml this crate computes with) on the CPU device until killed.
+    /// The llama-rpc bench runs it next to ours, so a difference between
+    /// ggml versions is not read as a difference between servers.
+    #[cfg(feature = "upstream-rpc")]
+    UpstreamServer {
+        /// Address to listen on.
+        #[arg(short = 'H', long, default_value = "127.0.0.1")]
+        host: String,
+        /// Port to listen on.
+        #[arg(short, long, default_value_t = 50052)]
+        port: u16,
+        /// CPU threads (default: half the hardware threads, as upstream's
+        /// `rpc-server`).
+        #[arg(short, long)]
+        threads: Option<usize>,
+    },
 }
 
 fn run(cli: Cli) -> transfer_rpc::Result<()> {
@@ -200,7 +217,22 @@ fn run(cli: Cli) -> transfer_rpc::Result<()> {
             }
             Ok(())
         }
+        #[cfg(feature = "upstream-rpc")]
+        Cmd::UpstreamServer {
+            host,
+            port,
+            threads,
+        } => upstream_server(&host, port, threads),
     }
+}
+
+#[cfg(feature = "upstream-rpc")]
+fn upstream_server(host: &str, port: u16, threads: Option<usize>) -> transfer_rpc::Result<()> {
+    let threads = threads.unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1))
+    });
+    eprintln!("transfer-rpc-pipeline: ggml's rpc-server on {host}:{port}, {threads} threads");
+    transfer_rpc::upstream::serve(&format!("{host}:{port}"), threads)
 }
 
 fn main() -> ExitCode {

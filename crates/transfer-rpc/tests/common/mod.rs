@@ -240,3 +240,20 @@ pub fn add_graph(buf: u64, base: u64, n: u32) -> transfer_rpc::protocol::GraphPa
         tensors: vec![a, b, sum],
     }
 }
+
+/// Starts ggml's own RPC server (`transfer_rpc::upstream::serve`, which
+/// never returns) on a free 127.0.0.1 port, in a thread of its own.
+#[cfg(feature = "upstream-rpc")]
+pub fn start_upstream(threads: usize) -> String {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let ep = format!("127.0.0.1:{port}");
+    let serve = ep.clone();
+    std::thread::spawn(move || transfer_rpc::upstream::serve(&serve, threads).unwrap());
+    while std::net::TcpStream::connect(&ep).is_err() {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    ep
+}
