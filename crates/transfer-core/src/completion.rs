@@ -12,13 +12,22 @@ use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use crate::assist::Assist;
 use crate::error::{Result, TransferError};
 use crate::oneshot;
 use crate::progress::{CallerProgress, drive_for, poll_driving};
 
-/// Set when the pending's transfer went to a caller-driven engine: waiting
-/// on it must drive that engine's NICs.
-type Driver = Arc<OnceLock<Arc<CallerProgress>>>;
+/// Who a waiter on the pending may drive.
+enum Drive {
+    /// A caller-driven engine: waiting must drive its NICs.
+    Caller(Arc<CallerProgress>),
+    /// A thread-mode engine with assisting on: waiting may drive them for
+    /// a window before it blocks.
+    Assist(Arc<Assist>),
+}
+
+/// Set when the pending's transfer went to an engine its waiter drives.
+type Driver = Arc<OnceLock<Drive>>;
 
 /// A completion callback; it receives the transfer's outcome.
 pub type Callback = Box<dyn FnOnce(Result<()>) + Send + 'static>;
@@ -66,7 +75,12 @@ pub struct PendingSender(oneshot::Sender<Result<()>>, Driver);
 impl PendingSender {
     /// The transfer goes to a caller-driven engine.
     pub(crate) fn attach(&self, caller: &Arc<CallerProgress>) {
-        let _ = self.1.set(caller.clone());
+        let _ = self.1.set(Drive::Caller(caller.clone()));
+    }
+
+    /// The transfer goes to a thread-mode engine its waiter may assist.
+    pub(crate) fn assist(&self, assist: &Arc<Assist>) {
+        let _ = self.1.set(Drive::Assist(assist.clone()));
     }
 }
 
@@ -83,8 +97,14 @@ impl Pending {
 
     /// Blocks until the transfer finishes.
     pub fn wait(self) -> Result<()> {
-        if let Some(c) = self.1.get() {
-            c.wait_until("Pending::wait", None, || self.0.is_settled())?;
+        match self.1.get() {
+            Some(Drive::Caller(c)) => {
+                c.wait_until("Pending::wait", None, || self.0.is_settled())?;
+            }
+            Some(Drive::Assist(a)) => {
+                a.drive(None, || self.0.is_settled());
+            }
+            None => {}
         }
         self.0.wait().unwrap_or(Err(TransferError::Shutdown {
             call: "Pending::wait",
@@ -93,12 +113,19 @@ impl Pending {
 
     /// Blocks up to `timeout`; a timeout is an error (the transfer goes on).
     pub fn wait_timeout(self, timeout: Duration) -> Result<()> {
-        let block = drive_for(
-            self.1.get().map(|c| &**c),
-            "Pending::wait_timeout",
-            timeout,
-            &self.0,
-        )?;
+        let block = match self.1.get() {
+            Some(Drive::Assist(a)) => {
+                let started = std::time::Instant::now();
+                a.drive(Some(timeout), || self.0.is_settled());
+                timeout.saturating_sub(started.elapsed())
+            }
+            d => drive_for(
+                d.and_then(Drive::caller),
+                "Pending::wait_timeout",
+                timeout,
+                &self.0,
+            )?,
+        };
         match self.0.wait_timeout(block) {
             Ok(r) => r,
             Err(_) => Err(TransferError::Timeout {
@@ -114,11 +141,27 @@ impl Future for Pending {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
-        poll_driving(this.1.get().map(|c| &**c), Pin::new(&mut this.0), cx).map(|r| {
+        // A future is woken by the worker: only a caller-driven engine
+        // needs its poller to drive.
+        poll_driving(
+            this.1.get().and_then(Drive::caller),
+            Pin::new(&mut this.0),
+            cx,
+        )
+        .map(|r| {
             r.unwrap_or(Err(TransferError::Shutdown {
                 call: "Pending::poll",
             }))
         })
+    }
+}
+
+impl Drive {
+    fn caller(&self) -> Option<&CallerProgress> {
+        match self {
+            Drive::Caller(c) => Some(c),
+            Drive::Assist(_) => None,
+        }
     }
 }
 

@@ -7,6 +7,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::addr::{BackendKind, EngineAddress, GroupAddress};
+use crate::assist::Assist;
 use crate::callbacks::{CallbackQueue, CallbackThread};
 use crate::completion::{Delivery, Notify, Pending};
 use crate::domain::Domain;
@@ -19,7 +20,8 @@ use crate::memory::{MemoryLocation, MemorySpan, RemoteRegion};
 use crate::oneshot;
 use crate::peer::{Peer, PeerGroup, PeerInner, RemoteTarget};
 use crate::progress::{
-    CallerProgress, InlineWorker, ProgressHandle, ProgressMode, drive_for, in_pass, poll_driving,
+    CallerProgress, InlineWorker, ProgressHandle, ProgressMode, Slot, drive_for, in_pass,
+    poll_driving,
 };
 use crate::recv_pool::{RecvCallback, RecvPool};
 use crate::region::{HostBuffer, LocalRegion, RegionInner};
@@ -29,7 +31,7 @@ use crate::request::{
 };
 use crate::shard::{ShardPolicy, WriteShape, expected_imms};
 use crate::topology;
-use crate::worker::{Worker, WorkerQueue};
+use crate::worker::{Worker, WorkerQueue, run_shared};
 
 /// Default capacity of each worker's request queue (fabric-lib uses 128;
 /// a deeper queue absorbs bursts of paged writes from many API threads).
@@ -48,6 +50,8 @@ struct Spawned {
     addr: GroupAddress,
     handle: WorkerHandle,
     inline: Option<Box<dyn InlineWorker>>,
+    /// The state a worker thread shares with assisting callers.
+    shared: Option<Arc<Slot>>,
 }
 
 struct SpawnContext {
@@ -77,6 +81,7 @@ pub struct EngineBuilder {
     queue_capacity: usize,
     max_unexpected_imms: usize,
     progress: ProgressMode,
+    assist_window: Option<Duration>,
     errors: Vec<TransferError>,
 }
 
@@ -91,6 +96,7 @@ impl Default for EngineBuilder {
             queue_capacity: DEFAULT_QUEUE_CAPACITY,
             max_unexpected_imms: DEFAULT_MAX_UNEXPECTED_IMMS,
             progress: ProgressMode::Thread,
+            assist_window: crate::assist::window_from_env(),
             errors: Vec::new(),
         }
     }
@@ -167,6 +173,16 @@ impl EngineBuilder {
         self
     }
 
+    /// With worker threads: how long a thread waiting on a transfer drives
+    /// the NICs itself before it blocks (and whether a submit posts at once
+    /// when the worker is not in a pass); `None` hands everything to the
+    /// worker. Default: `TRANSFER_ASSIST_US` (µs, `0` = off), else
+    /// [`crate::assist::DEFAULT_WINDOW`]. See [`crate::assist`].
+    pub fn assist(mut self, window: Option<Duration>) -> Self {
+        self.assist_window = window.filter(|w| !w.is_zero());
+        self
+    }
+
     /// Starts the workers and the callback thread (none of either with
     /// [`ProgressMode::Caller`]).
     pub fn build(self) -> Result<TransferEngine> {
@@ -202,6 +218,8 @@ impl EngineBuilder {
             groups: Vec::new(),
             workers: Vec::new(),
             inline: Vec::new(),
+            shared: Vec::new(),
+            assist_window: self.assist_window,
             callbacks,
             callback_thread,
             imms,
@@ -226,8 +244,11 @@ impl EngineBuilder {
                 }
             };
             parts.groups.push(spawned.addr);
-            parts.workers.push(spawned.handle);
             parts.inline.extend(spawned.inline);
+            if let Some(slot) = spawned.shared {
+                parts.shared.push((slot, spawned.handle.queue.clone()));
+            }
+            parts.workers.push(spawned.handle);
         }
         let mut engine = TransferEngine::assemble(parts);
         engine.devices = self.devices;
@@ -242,6 +263,10 @@ struct Parts {
     workers: Vec<WorkerHandle>,
     /// Worker states of a caller-driven engine (empty with threads).
     inline: Vec<Box<dyn InlineWorker>>,
+    /// Worker threads' states and queues, for assisting callers (thread
+    /// mode with assisting on).
+    shared: Vec<(Arc<Slot>, Arc<WorkerQueue>)>,
+    assist_window: Option<Duration>,
     callbacks: Arc<CallbackQueue>,
     callback_thread: Option<CallbackThread>,
     imms: Arc<ImmCounters>,
@@ -257,7 +282,7 @@ fn spawn_worker<D: Domain>(mut group: DomainGroup<D>, ctx: &SpawnContext) -> Res
         callbacks: ctx.callbacks.clone(),
         imms: ctx.imms.clone(),
     };
-    let worker = Worker::new(group, ctx.idle, queue.clone(), sinks);
+    let worker = Worker::new(group, queue.clone(), sinks);
     if ctx.mode == ProgressMode::Caller {
         return Ok(Spawned {
             addr,
@@ -266,8 +291,12 @@ fn spawn_worker<D: Domain>(mut group: DomainGroup<D>, ctx: &SpawnContext) -> Res
                 thread: None,
             },
             inline: Some(worker.into_inline()),
+            shared: None,
         });
     }
+    let slot: Arc<Slot> = Arc::new(Mutex::new(Some(Box::new(worker))));
+    let shared = slot.clone();
+    let (idle, thread_queue) = (ctx.idle, queue.clone());
     let pin = if ctx.pin {
         numa.and_then(topology::numa_node_cpus)
     } else {
@@ -280,7 +309,7 @@ fn spawn_worker<D: Domain>(mut group: DomainGroup<D>, ctx: &SpawnContext) -> Res
                 // Pinning is an optimisation; an unpinned worker still works.
                 let _ = topology::pin_current_thread(&cpus);
             }
-            worker.run();
+            run_shared(slot, thread_queue, idle);
         })
         .map_err(|e| TransferError::invalid(CALL, format!("spawning a worker: {e}")))?;
     queue.set_thread(thread.thread().clone());
@@ -291,6 +320,7 @@ fn spawn_worker<D: Domain>(mut group: DomainGroup<D>, ctx: &SpawnContext) -> Res
             thread: Some(thread),
         },
         inline: None,
+        shared: Some(shared),
     })
 }
 
@@ -308,6 +338,9 @@ pub struct TransferEngine {
     imms: Arc<ImmCounters>,
     /// The groups' worker states when callers drive them.
     caller: Option<Arc<CallerProgress>>,
+    /// Worker threads' states, for submitters and waiters to drive
+    /// (assisted thread mode; `None` when off or caller-driven).
+    assist: Option<Arc<Assist>>,
     peers: Mutex<HashMap<EngineAddress, Peer>>,
     next_id: AtomicU64,
     /// CUDA device of each group, if any.
@@ -334,12 +367,20 @@ impl TransferEngine {
             groups,
             workers,
             inline,
+            shared,
+            assist_window,
             callbacks,
             callback_thread,
             imms,
         } = parts;
         let caller =
             (callback_thread.is_none()).then(|| CallerProgress::new(inline, callbacks.clone()));
+        let assist = match assist_window {
+            Some(window) if caller.is_none() && !shared.is_empty() => {
+                Some(Assist::new(shared, window))
+            }
+            _ => None,
+        };
         Self {
             address: EngineAddress { backend, groups },
             workers,
@@ -347,6 +388,7 @@ impl TransferEngine {
             callback_thread,
             imms,
             caller,
+            assist,
             peers: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             devices: Vec::new(),
@@ -403,10 +445,15 @@ impl TransferEngine {
             .ok_or_else(|| TransferError::invalid(call, format!("no domain group {group}")))
     }
 
-    fn push(&self, group: usize, job: Job) -> Result<()> {
+    /// Hands `job` to group `group`. `waited`: the submitter holds a
+    /// [`Pending`] of it, whose wait drives the NICs (assisted thread mode).
+    fn push(&self, group: usize, job: Job, waited: bool) -> Result<()> {
         let w = self.worker("submit", group)?;
         let Some(caller) = &self.caller else {
-            return w.queue.push(job, &self.callbacks);
+            return match &self.assist {
+                Some(a) => a.push(group, job, waited, &self.callbacks),
+                None => w.queue.push(job, &self.callbacks),
+            };
         };
         let mut job = job;
         while let Some(back) = w.queue.try_push(job, &self.callbacks)? {
@@ -455,6 +502,26 @@ impl TransferEngine {
     /// themselves.
     pub fn progress(&self) -> bool {
         self.caller.as_ref().is_some_and(|c| c.progress())
+    }
+
+    /// Lets the calling thread move this engine's NICs while it waits for
+    /// `ready()`, for at most `limit`; returns `ready()`. With worker
+    /// threads and assisting on ([`EngineBuilder::assist`]) it drives them
+    /// for up to the assist window while the workers step back (then the
+    /// caller should block on its own signal); caller-driven engines are
+    /// driven until `ready()` or `limit`; otherwise it only looks at
+    /// `ready()`. For waiters outside [`Pending::wait`] (bindings that poll
+    /// a future and block on their own signal).
+    pub fn drive_while_waiting(&self, limit: Duration, ready: impl Fn() -> bool) -> bool {
+        if let Some(a) = &self.assist {
+            return a.drive(Some(limit), ready);
+        }
+        if let Some(c) = &self.caller {
+            return c
+                .wait_until("drive_while_waiting", Some(limit), &ready)
+                .is_ok();
+        }
+        ready()
     }
 
     /// A handle that drives this caller-driven engine from another thread
@@ -509,6 +576,7 @@ impl TransferEngine {
                 span: SpanJob(span),
                 reply: tx,
             },
+            true,
         )?;
         let regs = self.reply(CALL, rx)?;
         let remote = RemoteRegion {
@@ -527,7 +595,7 @@ impl TransferEngine {
             remote,
             owned,
         ));
-        self.push(group, Job::Adopt(inner.clone()))?;
+        self.push(group, Job::Adopt(inner.clone()), false)?;
         Ok(LocalRegion(inner))
     }
 
@@ -542,6 +610,7 @@ impl TransferEngine {
                 region: region.0.clone(),
                 reply: tx,
             },
+            true,
         )?;
         self.reply("unregister", rx)
     }
@@ -579,7 +648,7 @@ impl TransferEngine {
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&peer.0.addr);
         for g in 0..self.workers.len() {
-            self.push(g, Job::ForgetPeer(peer.0.id))?;
+            self.push(g, Job::ForgetPeer(peer.0.id), false)?;
         }
         Ok(())
     }
@@ -639,12 +708,18 @@ impl TransferEngine {
         if let Err(e) = admitted {
             return self.refuse(notify, e);
         }
-        if let (Some(caller), Notify::Pending(tx)) = (&self.caller, &notify) {
-            // Waiting on this pending must drive the NICs.
-            tx.attach(caller);
+        if let Notify::Pending(tx) = &notify {
+            if let Some(caller) = &self.caller {
+                // Waiting on this pending must drive the NICs.
+                tx.attach(caller);
+            } else if let Some(a) = &self.assist {
+                // Waiting on it may drive them for a while.
+                tx.assist(a);
+            }
         }
+        let waited = matches!(notify, Notify::Pending(_));
         let (group, job) = Job::for_request(request, notify);
-        self.push(group, job)
+        self.push(group, job, waited)
     }
 
     /// Submits a transfer and returns a [`Pending`] to wait on or await.
@@ -764,7 +839,7 @@ impl TransferEngine {
         let cb: RecvCallback = Box::new(callback);
         let pool = Arc::new(RecvPool::new(HostBuffer::new(total)?, count, len, cb));
         let (tx, rx) = oneshot::channel();
-        self.push(0, Job::StartRecvPool { pool, reply: tx })?;
+        self.push(0, Job::StartRecvPool { pool, reply: tx }, true)?;
         self.reply(CALL, rx)
     }
 
@@ -852,10 +927,16 @@ impl TransferEngine {
         // A caller-driven wait drives the NICs itself; its timeout is
         // handled by the withdrawal below like a blocking wait's, any other
         // refusal (a wait inside a receive callback) is returned after it.
-        let (block, refused) = match drive_for(self.caller.as_deref(), "wait_imm", timeout, &rx) {
+        let (mut block, refused) = match drive_for(self.caller.as_deref(), "wait_imm", timeout, &rx)
+        {
             Ok(block) => (block, None),
             Err(e) => (Duration::ZERO, Some(e)),
         };
+        if let Some(a) = &self.assist {
+            let started = std::time::Instant::now();
+            a.drive(Some(timeout), || rx.is_settled());
+            block = block.saturating_sub(started.elapsed());
+        }
         match rx.wait_timeout(block) {
             Ok(()) => Ok(()),
             Err(rx) => {

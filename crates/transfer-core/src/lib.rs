@@ -37,6 +37,7 @@
 //!   pipeline stage) and never here.
 
 pub mod addr;
+pub mod assist;
 mod callbacks;
 pub mod completion;
 pub mod countdown;

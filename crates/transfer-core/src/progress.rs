@@ -57,6 +57,12 @@ pub(crate) trait InlineWorker: Send {
     /// Takes queued jobs, polls the NICs, handles their events. Returns
     /// whether anything happened.
     fn pass(&mut self) -> bool;
+    /// Whether nothing is queued or in flight in the group.
+    fn is_quiet(&self) -> bool;
+    /// Whether the group may sleep now (nothing in flight that only polling moves).
+    fn may_sleep(&self) -> bool;
+    /// What an idle worker thread may block on (assisted thread mode).
+    fn prepare_sleep(&mut self) -> crate::worker::SleepPlan;
     /// Closes the NICs and fails what is still queued or in flight.
     fn shutdown(self: Box<Self>);
 }
@@ -83,10 +89,11 @@ impl Drop for PassGuard {
     }
 }
 
-type Slot = Mutex<Option<Box<dyn InlineWorker>>>;
+/// A group's worker state, owned by whichever thread is in a pass on it.
+pub(crate) type Slot = Mutex<Option<Box<dyn InlineWorker>>>;
 
 /// The slot, unless another thread is in a pass on it.
-fn try_slot(slot: &Slot) -> Option<MutexGuard<'_, Option<Box<dyn InlineWorker>>>> {
+pub(crate) fn try_slot(slot: &Slot) -> Option<MutexGuard<'_, Option<Box<dyn InlineWorker>>>> {
     match slot.try_lock() {
         Ok(g) => Some(g),
         // A panic in a user receive callback is caught inside the pass; a
@@ -98,7 +105,7 @@ fn try_slot(slot: &Slot) -> Option<MutexGuard<'_, Option<Box<dyn InlineWorker>>>
 
 /// One pass of the group in `slot` unless another caller is in one (then
 /// that caller does the work). Returns whether anything happened.
-fn pass_if_free(slot: &Slot) -> bool {
+pub(crate) fn pass_if_free(slot: &Slot) -> bool {
     let Some(mut guard) = try_slot(slot) else {
         return false;
     };
@@ -300,6 +307,15 @@ mod tests {
     impl InlineWorker for Counting {
         fn pass(&mut self) -> bool {
             self.0.fetch_add(1, Ordering::SeqCst) % 2 == 0
+        }
+        fn is_quiet(&self) -> bool {
+            true
+        }
+        fn may_sleep(&self) -> bool {
+            true
+        }
+        fn prepare_sleep(&mut self) -> crate::worker::SleepPlan {
+            crate::worker::SleepPlan::Park
         }
         fn shutdown(self: Box<Self>) {
             self.0.store(usize::MAX, Ordering::SeqCst);

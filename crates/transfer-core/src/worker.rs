@@ -5,7 +5,7 @@
 //! group does with a job is in [`crate::group`].
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
@@ -17,7 +17,7 @@ use crate::error::{Result, TransferError};
 use crate::group::{DomainGroup, Sinks};
 use crate::idle::{IdlePolicy, IdleState, Sleep};
 use crate::job::Job;
-use crate::progress::{InlineWorker, run_user_callback};
+use crate::progress::{InlineWorker, Slot, run_user_callback};
 use crate::wakeup::{EventFd, wait_readable};
 
 /// The queue into one worker.
@@ -26,8 +26,12 @@ pub(crate) struct WorkerQueue {
     thread: std::sync::OnceLock<Thread>,
     stop: AtomicBool,
     stopped: AtomicBool,
-    /// Set while the worker blocks on wait descriptors (then `wake` signals `event`).
-    sleeping: AtomicBool,
+    /// How the worker sleeps now ([`Asleep`] as a `u8`; `wake` signals
+    /// `event` unless it is awake).
+    sleeping: AtomicU8,
+    /// Threads driving this group while they wait ([`crate::assist`]): the
+    /// worker steps back (sleeps) instead of spinning against them.
+    pub(crate) assisting: AtomicUsize,
     event: Option<EventFd>,
     /// Times the worker blocked on wait descriptors / parked on a timer.
     pub(crate) blocked: AtomicU64,
@@ -41,7 +45,8 @@ impl WorkerQueue {
             thread: std::sync::OnceLock::new(),
             stop: AtomicBool::new(false),
             stopped: AtomicBool::new(false),
-            sleeping: AtomicBool::new(false),
+            sleeping: AtomicU8::new(Asleep::Awake as u8),
+            assisting: AtomicUsize::new(0),
             // Without an eventfd the worker parks on timers instead of blocking.
             event: EventFd::new().ok(),
             blocked: AtomicU64::new(0),
@@ -53,16 +58,27 @@ impl WorkerQueue {
         let _ = self.thread.set(t);
     }
 
-    fn wake(&self) {
+    pub(crate) fn wake(&self) {
         // SeqCst pairs with the worker's store of `sleeping` before its last
         // look at the queue: either it sees the job, or we see it sleeping.
-        if self.sleeping.load(Ordering::SeqCst) {
+        if self.sleeping.load(Ordering::SeqCst) != Asleep::Awake as u8 {
             if let Some(e) = &self.event {
                 e.signal();
             }
         }
         if let Some(t) = self.thread.get() {
             t.unpark();
+        }
+    }
+
+    /// How the worker thread sleeps now: a job handed to a sleeping one
+    /// waits for a wake-up to be scheduled.
+    pub(crate) fn asleep(&self) -> Asleep {
+        match self.sleeping.load(Ordering::SeqCst) {
+            x if x == Asleep::Stepped as u8 => Asleep::Stepped,
+            x if x == Asleep::OnNics as u8 => Asleep::OnNics,
+            x if x == Asleep::Parked as u8 => Asleep::Parked,
+            _ => Asleep::Awake,
         }
     }
 
@@ -117,11 +133,8 @@ impl WorkerQueue {
 /// Everything a worker thread owns.
 pub(crate) struct Worker<D: Domain> {
     pub(crate) group: DomainGroup<D>,
-    pub(crate) idle: IdlePolicy,
     pub(crate) queue: Arc<WorkerQueue>,
     pub(crate) sinks: Sinks,
-    /// Scratch list of descriptors to block on.
-    pub(crate) wait_fds: Vec<std::os::fd::RawFd>,
     /// Scratch space of one pass.
     scratch: Vec<DomainEvent>,
     events: Vec<(usize, DomainEvent)>,
@@ -145,18 +158,11 @@ enum Woke {
 const JOBS_PER_PASS: usize = 64;
 
 impl<D: Domain> Worker<D> {
-    pub(crate) fn new(
-        group: DomainGroup<D>,
-        idle: IdlePolicy,
-        queue: Arc<WorkerQueue>,
-        sinks: Sinks,
-    ) -> Self {
+    pub(crate) fn new(group: DomainGroup<D>, queue: Arc<WorkerQueue>, sinks: Sinks) -> Self {
         Self {
             group,
-            idle,
             queue,
             sinks,
-            wait_fds: Vec::new(),
             scratch: Vec::with_capacity(64),
             events: Vec::with_capacity(64),
             fired: Vec::new(),
@@ -194,60 +200,19 @@ impl<D: Domain> Worker<D> {
         busy
     }
 
-    pub(crate) fn run(mut self) {
-        let mut idle = IdleState::new(self.idle);
-        loop {
-            let busy = self.pass();
-            if self.queue.stop.load(Ordering::Acquire) {
-                break;
-            }
-            if busy {
-                idle.active();
-            } else if let Some(sleep) = idle.idle_at(Instant::now(), self.group.may_sleep()) {
-                if self.sleep(sleep) == Woke::Traffic {
-                    // A NIC had work without reporting an event (data placed
-                    // by a manual-progress provider), or its descriptor woke
-                    // us: traffic is flowing, so spin again rather than
-                    // block between arrivals. Counting only events as
-                    // activity made an engine that is the target of plain
-                    // writes (no event on its side) block and be woken
-                    // once per write: tcp 8 B writes from Python took a
-                    // kernel wake-up of the target each (1.1 blocks/op).
-                    idle.active();
-                }
-            } else {
-                // Yield rather than a pure spin: where threads outnumber
-                // cores (2-core machines, API threads polling flags) a
-                // spinning worker otherwise holds the core the thread it
-                // waits for needs; the bench's ping-pong went from ~500 us
-                // to tens of us with it. With a free core, sched_yield
-                // returns at once.
-                std::thread::yield_now();
-            }
-        }
-        self.shutdown();
-    }
-
-    /// Sleeps until work may be there: blocked on the NICs' wait
-    /// descriptors and the submit eventfd when every NIC has one, else a
-    /// timed park.
-    /// Says whether NIC traffic ended it (a NIC refused to wait because it
-    /// has work, or its descriptor became readable).
-    fn sleep(&mut self, sleep: Sleep) -> Woke {
-        let park = |q: &WorkerQueue| {
-            q.parked.fetch_add(1, Ordering::Relaxed);
-            std::thread::park_timeout(sleep.park);
-            Woke::Quiet
-        };
+    /// What an idle worker may block on, looked at while it holds its
+    /// state (the domains' `prepare_wait` needs it); the blocking itself
+    /// happens after the state is released ([`sleep_released`]), so that a
+    /// waiting caller can drive the group meanwhile.
+    fn prepare_sleep(&mut self) -> SleepPlan {
         let Some(event) = &self.queue.event else {
-            return park(&self.queue);
+            return SleepPlan::Park;
         };
-        self.wait_fds.clear();
-        self.wait_fds.push(event.raw());
+        let mut fds = vec![event.raw()];
         for d in self.group.domains() {
             match d.wait_fd() {
-                Some(fd) => self.wait_fds.push(fd),
-                None => return park(&self.queue),
+                Some(fd) => fds.push(fd),
+                None => return SleepPlan::Park,
             }
         }
         if !self
@@ -256,20 +221,9 @@ impl<D: Domain> Worker<D> {
             .iter_mut()
             .all(|d| d.prepare_wait())
         {
-            return Woke::Traffic;
+            return SleepPlan::Traffic;
         }
-        self.queue.sleeping.store(true, Ordering::SeqCst);
-        let mut woke = Woke::Quiet;
-        if self.queue.jobs.is_empty() && !self.queue.stop.load(Ordering::SeqCst) {
-            self.queue.blocked.fetch_add(1, Ordering::Relaxed);
-            // Index 0 is the submit eventfd: a submit is counted by the pass.
-            if wait_readable(&self.wait_fds, sleep.block, 1) {
-                woke = Woke::Traffic;
-            }
-        }
-        self.queue.sleeping.store(false, Ordering::SeqCst);
-        event.drain();
-        woke
+        SleepPlan::Block(fds)
     }
 
     fn shutdown(self) {
@@ -342,7 +296,188 @@ impl<D: Domain> InlineWorker for Worker<D> {
         Worker::pass(self)
     }
 
+    fn is_quiet(&self) -> bool {
+        self.queue.jobs.is_empty() && self.group.is_quiet()
+    }
+
+    fn may_sleep(&self) -> bool {
+        self.group.may_sleep()
+    }
+
+    fn prepare_sleep(&mut self) -> SleepPlan {
+        Worker::prepare_sleep(self)
+    }
+
     fn shutdown(self: Box<Self>) {
         Worker::shutdown(*self);
     }
+}
+
+/// How an idle worker sleeps ([`Worker::prepare_sleep`]).
+pub(crate) enum SleepPlan {
+    /// Block on these descriptors (the submit eventfd first, then every NIC's).
+    Block(Vec<std::os::fd::RawFd>),
+    /// No descriptor for some NIC: a timed park.
+    Park,
+    /// A NIC has work already: do not sleep.
+    Traffic,
+}
+
+/// The worker thread of a group whose state lives in `slot`, shared with
+/// the threads that wait on its transfers ([`crate::assist`]): each round
+/// takes the state, runs one pass and releases it, so that a waiter that
+/// finds it free can run a pass itself instead of waiting for this thread
+/// to be scheduled. Uncontended, taking the state is one atomic swap.
+pub(crate) fn run_shared(slot: Arc<Slot>, queue: Arc<WorkerQueue>, policy: IdlePolicy) {
+    let mut idle = IdleState::new(policy);
+    loop {
+        if queue.assisting.load(Ordering::Acquire) > 0 && !queue.stop.load(Ordering::Acquire) {
+            // A waiter drives the group (it may have woken us by a submit
+            // just before its wait): step back at once, without taking the
+            // state from it.
+            let nap = Sleep {
+                park: ASSISTED_NAP,
+                block: ASSISTED_NAP,
+            };
+            sleep_released(&queue, stepped_plan(&queue), nap, true);
+            continue;
+        }
+        let mut guard = lock_slot(&slot);
+        let Some(worker) = guard.as_mut() else {
+            return;
+        };
+        let busy = worker.pass();
+        if queue.stop.load(Ordering::Acquire) {
+            break;
+        }
+        if busy {
+            idle.active();
+            continue;
+        }
+        let plan = if queue.assisting.load(Ordering::Acquire) > 0 {
+            // A waiter drives the group: step back rather than spin
+            // against it (or be woken by every arrival it handles); it
+            // wakes this thread when it leaves.
+            Some((
+                stepped_plan(&queue),
+                Sleep {
+                    park: ASSISTED_NAP,
+                    block: ASSISTED_NAP,
+                },
+                true,
+            ))
+        } else {
+            idle.idle_at(Instant::now(), worker.may_sleep())
+                .map(|sleep| (worker.prepare_sleep(), sleep, false))
+        };
+        drop(guard);
+        match plan {
+            Some((plan, sleep, stepped)) => {
+                if sleep_released(&queue, plan, sleep, stepped) == Woke::Traffic {
+                    // A NIC had work without reporting an event (data placed
+                    // by a manual-progress provider), or its descriptor woke
+                    // us: traffic is flowing, so spin again rather than
+                    // block between arrivals. Counting only events as
+                    // activity made an engine that is the target of plain
+                    // writes (no event on its side) block and be woken
+                    // once per write: tcp 8 B writes from Python took a
+                    // kernel wake-up of the target each (1.1 blocks/op).
+                    idle.active();
+                }
+            }
+            // Yield rather than a pure spin: where threads outnumber
+            // cores (2-core machines, API threads polling flags) a
+            // spinning worker otherwise holds the core the thread it
+            // waits for needs; the bench's ping-pong went from ~500 us
+            // to tens of us with it. With a free core, sched_yield
+            // returns at once.
+            None => std::thread::yield_now(),
+        }
+    }
+    let taken = lock_slot(&slot).take();
+    if let Some(worker) = taken {
+        worker.shutdown();
+    }
+}
+
+/// How long a worker sleeps while a waiter drives its group: the waiter
+/// wakes it when it leaves with work in flight, so this bounds only what a
+/// submit made without a wake-up ([`crate::assist`]) may wait for it.
+const ASSISTED_NAP: Duration = Duration::from_millis(1);
+
+/// A stepped-back worker's nap: on the submit eventfd alone (not the NICs,
+/// whose arrivals the waiter handles), else a timed park.
+fn stepped_plan(queue: &WorkerQueue) -> SleepPlan {
+    queue
+        .event
+        .as_ref()
+        .map_or(SleepPlan::Park, |e| SleepPlan::Block(vec![e.raw()]))
+}
+
+/// How a worker thread sleeps, as its submitters see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Asleep {
+    /// Running or spinning: it takes a job within one round.
+    Awake = 0,
+    /// Stepped back while a waiter drives: a nap of at most [`ASSISTED_NAP`].
+    Stepped = 1,
+    /// Blocked on the submit eventfd and every NIC's wait descriptor.
+    OnNics = 2,
+    /// Parked on a timer (some NIC has no wait descriptor).
+    Parked = 3,
+}
+
+/// The slot, waiting for a waiter's pass to end (a pass never blocks).
+fn lock_slot(slot: &Slot) -> std::sync::MutexGuard<'_, Option<Box<dyn InlineWorker>>> {
+    match slot.lock() {
+        Ok(g) => g,
+        // Nothing in a thread-mode pass runs user code; a poisoned slot
+        // still holds consistent state.
+        Err(p) => p.into_inner(),
+    }
+}
+
+/// Sleeps as `plan` says, without the group's state: blocked on the
+/// descriptors (the submit eventfd and every NIC's) or a timed park;
+/// `stepped`: a short nap while a waiter drives. Says whether NIC traffic
+/// ended it.
+fn sleep_released(queue: &WorkerQueue, plan: SleepPlan, sleep: Sleep, stepped: bool) -> Woke {
+    let fds = match plan {
+        SleepPlan::Traffic => return Woke::Traffic,
+        SleepPlan::Park => {
+            queue.parked.fetch_add(1, Ordering::Relaxed);
+            let state = if stepped {
+                Asleep::Stepped
+            } else {
+                Asleep::Parked
+            };
+            queue.sleeping.store(state as u8, Ordering::SeqCst);
+            if queue.jobs.is_empty() && !queue.stop.load(Ordering::SeqCst) {
+                std::thread::park_timeout(sleep.park);
+            }
+            queue.sleeping.store(Asleep::Awake as u8, Ordering::SeqCst);
+            return Woke::Quiet;
+        }
+        SleepPlan::Block(fds) => fds,
+    };
+    let state = if stepped {
+        Asleep::Stepped
+    } else {
+        Asleep::OnNics
+    };
+    queue.sleeping.store(state as u8, Ordering::SeqCst);
+    let mut woke = Woke::Quiet;
+    if queue.jobs.is_empty() && !queue.stop.load(Ordering::SeqCst) {
+        queue.blocked.fetch_add(1, Ordering::Relaxed);
+        // Index 0 is the submit eventfd: a submit is counted by the pass.
+        if wait_readable(&fds, sleep.block, 1) {
+            woke = Woke::Traffic;
+        }
+    }
+    queue.sleeping.store(Asleep::Awake as u8, Ordering::SeqCst);
+    if let Some(event) = &queue.event {
+        event.drain();
+    }
+    woke
 }

@@ -355,12 +355,7 @@ impl Engine {
         let pending = py
             .detach(|| self.shared.with(what, move |e| e.start(req)))
             .py()?;
-        Ok(Transfer::new(
-            Box::pin(pending),
-            what,
-            keep,
-            self.shared.caller,
-        ))
+        Ok(Transfer::new(Box::pin(pending), what, keep, &self.shared))
     }
 }
 
@@ -808,7 +803,7 @@ impl Engine {
             Box::pin(crate::transfer::JoinAll::new(futs)),
             CALL,
             Some(keep),
-            self.shared.caller,
+            &self.shared,
         ))
     }
 
@@ -967,7 +962,7 @@ impl Engine {
         let op = self
             .shared
             .with("expect_imm", |e| {
-                let op = Op::new(Box::pin(e.imm_future(imm, count)), self.shared.caller);
+                let op = Op::new(Box::pin(e.imm_future(imm, count)), &self.shared);
                 lock(&self.shared.expectations).add(&op);
                 Ok(op)
             })

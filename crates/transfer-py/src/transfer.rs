@@ -3,13 +3,14 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
 use transfer_core::{Result as CoreResult, TransferError};
 
+use crate::engine::Shared;
 use crate::error::{invalid, py_err};
 use crate::signal::{LoopWaker, Signal, lock};
 
@@ -77,6 +78,10 @@ pub(crate) struct Op {
     /// The engine is caller-driven: polling the future drives its NICs,
     /// and a wait spins on this thread instead of waiting for a hand-off.
     driven: bool,
+    /// The engine, for a thread-mode wait's first slice to drive its NICs
+    /// (`TransferEngine::drive_while_waiting`); weak, so that an
+    /// expectation the engine keeps does not keep the engine.
+    engine: Weak<Shared>,
 }
 
 /// What one slice of a blocking wait ended with.
@@ -88,7 +93,8 @@ pub(crate) enum Waited {
 }
 
 impl Op {
-    pub(crate) fn new(fut: EngineFuture, driven: bool) -> Arc<Self> {
+    pub(crate) fn new(fut: EngineFuture, shared: &Arc<Shared>) -> Arc<Self> {
+        let driven = shared.caller;
         let signal = Signal::new();
         let op = Arc::new(Self {
             fut: Mutex::new(Some(fut)),
@@ -96,6 +102,7 @@ impl Op {
             waker: Waker::from(signal.clone()),
             signal,
             driven,
+            engine: Arc::downgrade(shared),
         });
         // The first poll registers the waker, so completion always notifies.
         op.poll();
@@ -129,6 +136,26 @@ impl Op {
         let slice_end = Instant::now() + SIGNAL_CHECK;
         if self.driven {
             return self.spin_slice(deadline, slice_end);
+        }
+        if first {
+            // Worker threads with assisting on: drive the NICs on this
+            // thread for a while (the worker steps back) instead of waiting
+            // for its two hand-offs; then block as below.
+            if let Some(shared) = self.engine.upgrade() {
+                let limit = deadline
+                    .map_or(slice_end, |d| d.min(slice_end))
+                    .saturating_duration_since(Instant::now());
+                let done = shared
+                    .with("Transfer.wait", |e| {
+                        Ok(e.drive_while_waiting(limit, || self.poll().is_some()))
+                    })
+                    .unwrap_or(false);
+                if done {
+                    if let Some(r) = self.poll() {
+                        return Waited::Done(r.clone());
+                    }
+                }
+            }
         }
         let mut spin = if first {
             transfer_core::spin_wait::window()
@@ -306,15 +333,15 @@ pub struct Transfer {
 
 impl Transfer {
     /// A write, send or barrier; `keep` stays referenced while the transfer lives.
-    /// `driven`: the engine is caller-driven (waits drive it).
+    /// `shared`: the engine (a caller-driven one's waits drive it).
     pub(crate) fn new(
         fut: EngineFuture,
         what: &'static str,
         keep: Option<Py<PyAny>>,
-        driven: bool,
+        shared: &Arc<Shared>,
     ) -> Self {
         Self {
-            op: Op::new(fut, driven),
+            op: Op::new(fut, shared),
             what,
             cancellable: false,
             _keep: keep,

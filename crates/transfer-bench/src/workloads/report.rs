@@ -287,7 +287,8 @@ fn sort_keys(workload: &str) -> &'static [&'static str] {
 
 /// Reads `dir`, prints the tables, writes `report.md` and the plots; returns the files written.
 pub fn print(dir: &Path) -> Result<Vec<PathBuf>> {
-    let (records, bad) = records::read_dir(dir)?;
+    let (mut records, bad) = records::read_dir(dir)?;
+    records::derive_weights_fractions(&mut records);
     for b in &bad {
         eprintln!("workloads report: skipped {b}");
     }
@@ -326,6 +327,50 @@ mod tests {
             verified: true,
             note: String::new(),
         }
+    }
+
+    #[test]
+    fn every_engines_fraction_of_the_bound_comes_from_the_runs_bound() {
+        let w = |engine: &str, metric: &str, value: f64| Record {
+            workload: "weights".into(),
+            transport: "netns-tcp".into(),
+            params: serde_json::json!({"trainers": 2, "inference": 4, "total_bytes": 1024, "seed": 1}),
+            ..rec(
+                engine,
+                metric,
+                if metric == "update_s" {
+                    "s"
+                } else {
+                    "fraction"
+                },
+                value,
+            )
+        };
+        let mut rows = vec![
+            w("bound", "update_s", 4.48),
+            w("bound", "frac_of_bound", 1.0),
+            w("ours", "update_s", 4.69),
+            w("openmpi", "update_s", 6.23),
+            // What the MPI program once wrote: its memcpy rate as the bound.
+            w("openmpi", "frac_of_bound", 0.026),
+        ];
+        records::derive_weights_fractions(&mut rows);
+        let frac = |rows: &[Record], engine: &str| -> Vec<f64> {
+            rows.iter()
+                .filter(|r| r.engine == engine && r.metric == "frac_of_bound")
+                .map(|r| r.value)
+                .collect()
+        };
+        assert_eq!(frac(&rows, "bound"), vec![1.0]);
+        assert_eq!(frac(&rows, "ours"), vec![4.48 / 4.69]);
+        assert_eq!(frac(&rows, "openmpi"), vec![4.48 / 6.23]);
+        // Another point or transport has no bound: no fraction is made up.
+        rows.push(Record {
+            transport: "tcp".into(),
+            ..w("openmpi", "update_s", 1.0)
+        });
+        records::derive_weights_fractions(&mut rows);
+        assert_eq!(frac(&rows, "openmpi").len(), 1);
     }
 
     #[test]
