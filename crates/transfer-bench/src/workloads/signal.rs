@@ -114,20 +114,16 @@ pub struct Armed {
     fut: ImmFuture,
     what: &'static str,
     caller: bool,
-    /// For a thread-mode wait to drive the NICs first (assisted thread
-    /// mode, `TransferEngine::drive_while_waiting`).
-    engine: Arc<TransferEngine>,
 }
 
 /// Arms a counter on `engine`: met once `count` immediates `imm` have
 /// arrived (consumed, as expectations are; arrivals before the arming are
 /// held by the engine and count).
-pub fn arm(engine: &Arc<TransferEngine>, imm: u32, count: u64, what: &'static str) -> Armed {
+pub fn arm(engine: &TransferEngine, imm: u32, count: u64, what: &'static str) -> Armed {
     Armed {
         fut: engine.imm_future(imm, count),
         what,
         caller: engine.progress_mode() == ProgressMode::Caller,
-        engine: engine.clone(),
     }
 }
 
@@ -147,29 +143,6 @@ impl Armed {
     /// Blocks until the counter reached its target (true) or `deadline`
     /// passed (false: still armed, wait again).
     pub fn wait_until(&mut self, deadline: Instant) -> Result<bool> {
-        if !self.caller {
-            // Worker threads: drive the NICs from here for the engine's
-            // assist window (the worker steps back), then block as before.
-            let fut = std::cell::RefCell::new(&mut self.fut);
-            let got = std::cell::Cell::new(None);
-            let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
-            self.engine.drive_while_waiting(
-                deadline.saturating_duration_since(Instant::now()),
-                || {
-                    let mut f = fut.borrow_mut();
-                    match Pin::new(&mut **f).poll(&mut Context::from_waker(&waker)) {
-                        Poll::Ready(v) => {
-                            got.set(Some(v));
-                            true
-                        }
-                        Poll::Pending => false,
-                    }
-                },
-            );
-            if let Some(r) = got.take() {
-                return r.map(|()| true).map_err(Into::into);
-            }
-        }
         match block_on(&mut self.fut, deadline, self.caller) {
             Some(r) => r.map(|()| true).map_err(Into::into),
             None => Ok(false),
@@ -179,7 +152,7 @@ impl Armed {
 
 /// Waits until `n` immediates `imm` arrived (blocking), consuming them.
 pub fn wait_imms(
-    engine: &Arc<TransferEngine>,
+    engine: &TransferEngine,
     imm: u32,
     n: u64,
     deadline: Instant,
