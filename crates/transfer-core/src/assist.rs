@@ -42,15 +42,21 @@ use crate::worker::{Asleep, WorkerQueue};
 pub const ENV_WINDOW: &str = "TRANSFER_ASSIST_US";
 
 /// A waiter's driving window when [`ENV_WINDOW`] is unset. Measured
-/// (Python peers bench, 3 interleaved rounds of 3-repeat runs, medians;
-/// off / 50 µs / 200 µs): 8 B write to completion shm 20.9 / 5.9 / 7.7 us,
-/// tcp 37 / 42 / 31 us (spread 20-48 in every column); echoed RTT shm
-/// 63.7 / 11.8 / 13.3 us, tcp 123 / 53 / 55 us; 256 x 16 KiB paged equal;
-/// shm bandwidth 64 KiB / 1 MiB / 16 MiB 9.5 / 9.7 / 9.4 GB/s off, 7.9 /
-/// 8.8 / 9.3 at 50 µs, 5.8 / 5.1 / 7.3 at 200 µs (a long wait polled
-/// from the waiter, then handed back mid-transfer), tcp bandwidth equal or
-/// better. 50 µs covers a same-host round trip and little more.
+/// (Python peers bench, 4 interleaved rounds of 3-repeat runs, medians;
+/// off / 50 µs / 200 µs, transfers up to [`MAX_ASSISTED_BYTES`]): 8 B
+/// write to completion shm 35.7 / 6.3 / 6.2 us, tcp 41.4 / 24.4 / 23.4 us;
+/// echoed RTT shm 58.7 / 13.0 / 12.1 us, tcp 95 / 53 / 54 us; 256 x 16 KiB
+/// paged until the receiver knows shm 1198 / 1222 / 1276 us, tcp 3255 /
+/// 2150 / 3597 us. 50 µs covers a same-host round trip and burns little.
 pub const DEFAULT_WINDOW: Duration = Duration::from_micros(50);
+
+/// The largest transfer whose waiter drives the NICs: a longer one is the
+/// worker's to stream. Waiters of 8 MiB batches that polled for the window
+/// and then handed back cost 25-35 % of shm bandwidth (Python peers bench,
+/// 64 KiB-16 MiB writes: 10.4 / 11.5 / 10.9 GB/s without assisting, 7.6 /
+/// 7.2 / 6.1 with it, same minutes). Immediate waits (`wait_imm`) always
+/// assist: their size is the sender's.
+pub const MAX_ASSISTED_BYTES: u64 = 64 * 1024;
 
 /// The window [`ENV_WINDOW`] asks for (`None`: assisting off).
 pub fn window_from_env() -> Option<Duration> {

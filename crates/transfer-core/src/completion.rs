@@ -82,6 +82,11 @@ impl PendingSender {
     pub(crate) fn assist(&self, assist: &Arc<Assist>) {
         let _ = self.1.set(Drive::Assist(assist.clone()));
     }
+
+    /// Whether its waiter assists (see [`PendingSender::assist`]).
+    pub(crate) fn assisted(&self) -> bool {
+        matches!(self.1.get(), Some(Drive::Assist(_)))
+    }
 }
 
 /// A transfer in flight: block on it ([`Pending::wait`]) or `.await` it

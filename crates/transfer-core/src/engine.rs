@@ -712,12 +712,16 @@ impl TransferEngine {
             if let Some(caller) = &self.caller {
                 // Waiting on this pending must drive the NICs.
                 tx.attach(caller);
-            } else if let Some(a) = &self.assist {
+            } else if let Some(a) = self
+                .assist
+                .as_ref()
+                .filter(|_| request.bytes() <= crate::assist::MAX_ASSISTED_BYTES)
+            {
                 // Waiting on it may drive them for a while.
                 tx.assist(a);
             }
         }
-        let waited = matches!(notify, Notify::Pending(_));
+        let waited = matches!(&notify, Notify::Pending(tx) if tx.assisted());
         let (group, job) = Job::for_request(request, notify);
         self.push(group, job, waited)
     }

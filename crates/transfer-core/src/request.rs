@@ -226,6 +226,17 @@ impl Request<'_> {
         }
     }
 
+    /// Bytes the transfer moves (saturating; a barrier moves none).
+    pub fn bytes(&self) -> u64 {
+        match self {
+            Request::Write(r) => r.len,
+            Request::Paged(r) => (r.src_pages.indices.len() as u64).saturating_mul(r.page_len),
+            Request::Scatter(r) => r.items.iter().fold(0u64, |a, i| a.saturating_add(i.len)),
+            Request::Barrier(_) => 0,
+            Request::Send(r) => r.data.len() as u64,
+        }
+    }
+
     /// The local region the transfer reads from, if any: it stays in use
     /// (unregister is refused) until the transfer completes.
     pub(crate) fn source(&self) -> Option<&LocalRegion> {

@@ -352,10 +352,18 @@ impl Engine {
     where
         R: Into<transfer_core::Request<'a>> + Send,
     {
+        let req: transfer_core::Request<'a> = req.into();
+        let small = req.bytes() <= transfer_core::assist::MAX_ASSISTED_BYTES;
         let pending = py
             .detach(|| self.shared.with(what, move |e| e.start(req)))
             .py()?;
-        Ok(Transfer::new(Box::pin(pending), what, keep, &self.shared))
+        Ok(Transfer::new(
+            Box::pin(pending),
+            what,
+            keep,
+            &self.shared,
+            small,
+        ))
     }
 }
 
@@ -773,6 +781,11 @@ impl Engine {
             self.check_src(r.get())?;
             reqs.push(items(pages::triples(rows)?)?);
         }
+        let bytes = reqs
+            .iter()
+            .flatten()
+            .fold(0u64, |a, i| a.saturating_add(i.len));
+        let small = bytes <= transfer_core::assist::MAX_ASSISTED_BYTES;
         let mut futs: Vec<crate::transfer::EngineFuture> = Vec::with_capacity(reqs.len());
         let mut refused = None;
         let srcs: Vec<&Region> = regions.iter().map(|r| r.get()).collect();
@@ -804,6 +817,7 @@ impl Engine {
             CALL,
             Some(keep),
             &self.shared,
+            small,
         ))
     }
 
@@ -962,7 +976,7 @@ impl Engine {
         let op = self
             .shared
             .with("expect_imm", |e| {
-                let op = Op::new(Box::pin(e.imm_future(imm, count)), &self.shared);
+                let op = Op::new(Box::pin(e.imm_future(imm, count)), &self.shared, true);
                 lock(&self.shared.expectations).add(&op);
                 Ok(op)
             })

@@ -80,7 +80,9 @@ pub(crate) struct Op {
     driven: bool,
     /// The engine, for a thread-mode wait's first slice to drive its NICs
     /// (`TransferEngine::drive_while_waiting`); weak, so that an
-    /// expectation the engine keeps does not keep the engine.
+    /// expectation the engine keeps does not keep the engine. Empty for a
+    /// transfer larger than `transfer_core::assist::MAX_ASSISTED_BYTES`
+    /// (the worker streams it).
     engine: Weak<Shared>,
 }
 
@@ -93,7 +95,9 @@ pub(crate) enum Waited {
 }
 
 impl Op {
-    pub(crate) fn new(fut: EngineFuture, shared: &Arc<Shared>) -> Arc<Self> {
+    /// `assist`: a thread-mode wait may drive the NICs (small transfers
+    /// and immediate expectations).
+    pub(crate) fn new(fut: EngineFuture, shared: &Arc<Shared>, assist: bool) -> Arc<Self> {
         let driven = shared.caller;
         let signal = Signal::new();
         let op = Arc::new(Self {
@@ -102,7 +106,11 @@ impl Op {
             waker: Waker::from(signal.clone()),
             signal,
             driven,
-            engine: Arc::downgrade(shared),
+            engine: if assist {
+                Arc::downgrade(shared)
+            } else {
+                Weak::new()
+            },
         });
         // The first poll registers the waker, so completion always notifies.
         op.poll();
@@ -333,15 +341,17 @@ pub struct Transfer {
 
 impl Transfer {
     /// A write, send or barrier; `keep` stays referenced while the transfer lives.
-    /// `shared`: the engine (a caller-driven one's waits drive it).
+    /// `shared`: the engine (a caller-driven one's waits drive it);
+    /// `assist`: see [`Op::new`].
     pub(crate) fn new(
         fut: EngineFuture,
         what: &'static str,
         keep: Option<Py<PyAny>>,
         shared: &Arc<Shared>,
+        assist: bool,
     ) -> Self {
         Self {
-            op: Op::new(fut, shared),
+            op: Op::new(fut, shared, assist),
             what,
             cancellable: false,
             _keep: keep,
