@@ -171,7 +171,16 @@ impl Assist {
         };
         if waited && !in_pass() && g.queue.asleep() == Asleep::Stepped {
             return match g.queue.try_push(job, callbacks)? {
-                None => Ok(()),
+                None => {
+                    // The worker may have left its nap for a long sleep
+                    // meanwhile: it stores its state before its last look
+                    // at the queue (both SeqCst), so either it saw the job
+                    // or this sees the new state.
+                    if !matches!(g.queue.asleep(), Asleep::Stepped | Asleep::Awake) {
+                        g.queue.wake();
+                    }
+                    Ok(())
+                }
                 Some(back) => g.queue.push(back, callbacks),
             };
         }
