@@ -248,7 +248,7 @@ pub fn drive_sink<D: Domain>(domain: &mut D, policy: IdlePolicy, stop: &Arc<Atom
         }
         let Some(sleep) = idle.idle_at(Instant::now(), !domain.has_pending()) else {
             // As the engine's targets spin: a worker yields every round
-            // (see `Worker::run`), a caller-driven engine every 64 idle
+            // (see `worker::run_shared`), a caller-driven engine every 64 idle
             // rounds (`Progress::wait_until`).
             idle_rounds = idle_rounds.wrapping_add(1);
             if !busy || idle_rounds % YIELD_EVERY == 0 {
