@@ -58,6 +58,13 @@ pub const DEFAULT_WINDOW: Duration = Duration::from_micros(50);
 /// assist: their size is the sender's.
 pub const MAX_ASSISTED_BYTES: u64 = 64 * 1024;
 
+/// Whether a waiter of a transfer of `bytes` drives the NICs (the one
+/// rule, for the engine's `Pending`s and for bindings that wait their own
+/// way).
+pub fn assists(bytes: u64) -> bool {
+    bytes <= MAX_ASSISTED_BYTES
+}
+
 /// The window [`ENV_WINDOW`] asks for (`None`: assisting off).
 pub fn window_from_env() -> Option<Duration> {
     match std::env::var(ENV_WINDOW) {
@@ -83,7 +90,7 @@ pub(crate) struct Assist {
 }
 
 /// Marks the groups as driven by a waiter; the last one out hands them
-/// back to their workers ([`Driving::leave`]).
+/// back to their workers (its drop).
 struct Driving<'a> {
     groups: &'a [Group],
     /// The wait ended with its condition met (the waiter will not block).
@@ -185,6 +192,14 @@ impl Assist {
             };
         }
         g.queue.push(job, callbacks)
+    }
+
+    /// [`Assist::drive`] within `timeout`; returns the time left of it,
+    /// for the blocking wait that follows.
+    pub(crate) fn drive_within(&self, timeout: Duration, ready: impl Fn() -> bool) -> Duration {
+        let started = Instant::now();
+        self.drive(Some(timeout), ready);
+        timeout.saturating_sub(started.elapsed())
     }
 
     /// Drives every group until `ready()` holds or the window (capped by

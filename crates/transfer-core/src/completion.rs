@@ -119,11 +119,7 @@ impl Pending {
     /// Blocks up to `timeout`; a timeout is an error (the transfer goes on).
     pub fn wait_timeout(self, timeout: Duration) -> Result<()> {
         let block = match self.1.get() {
-            Some(Drive::Assist(a)) => {
-                let started = std::time::Instant::now();
-                a.drive(Some(timeout), || self.0.is_settled());
-                timeout.saturating_sub(started.elapsed())
-            }
+            Some(Drive::Assist(a)) => a.drive_within(timeout, || self.0.is_settled()),
             d => drive_for(
                 d.and_then(Drive::caller),
                 "Pending::wait_timeout",

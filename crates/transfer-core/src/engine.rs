@@ -173,10 +173,9 @@ impl EngineBuilder {
         self
     }
 
-    /// With worker threads: how long a thread waiting on a transfer drives
-    /// the NICs itself before it blocks (and whether a submit posts at once
-    /// when the worker is not in a pass); `None` hands everything to the
-    /// worker. Default: `TRANSFER_ASSIST_US` (µs, `0` = off), else
+    /// With worker threads: how long a thread waiting on a small transfer
+    /// drives the NICs itself before it blocks; `None` hands everything to
+    /// the worker. Default: `TRANSFER_ASSIST_US` (µs, `0` = off), else
     /// [`crate::assist::DEFAULT_WINDOW`]. See [`crate::assist`].
     pub fn assist(mut self, window: Option<Duration>) -> Self {
         self.assist_window = window.filter(|w| !w.is_zero());
@@ -446,7 +445,8 @@ impl TransferEngine {
     }
 
     /// Hands `job` to group `group`. `waited`: the submitter holds a
-    /// [`Pending`] of it, whose wait drives the NICs (assisted thread mode).
+    /// [`Pending`] of it, whose wait drives the NICs (assisted thread mode;
+    /// not a control job's reply, which blocks without driving).
     fn push(&self, group: usize, job: Job, waited: bool) -> Result<()> {
         let w = self.worker("submit", group)?;
         let Some(caller) = &self.caller else {
@@ -576,7 +576,7 @@ impl TransferEngine {
                 span: SpanJob(span),
                 reply: tx,
             },
-            true,
+            false,
         )?;
         let regs = self.reply(CALL, rx)?;
         let remote = RemoteRegion {
@@ -610,7 +610,7 @@ impl TransferEngine {
                 region: region.0.clone(),
                 reply: tx,
             },
-            true,
+            false,
         )?;
         self.reply("unregister", rx)
     }
@@ -715,7 +715,7 @@ impl TransferEngine {
             } else if let Some(a) = self
                 .assist
                 .as_ref()
-                .filter(|_| request.bytes() <= crate::assist::MAX_ASSISTED_BYTES)
+                .filter(|_| crate::assist::assists(request.bytes()))
             {
                 // Waiting on it may drive them for a while.
                 tx.assist(a);
@@ -843,7 +843,7 @@ impl TransferEngine {
         let cb: RecvCallback = Box::new(callback);
         let pool = Arc::new(RecvPool::new(HostBuffer::new(total)?, count, len, cb));
         let (tx, rx) = oneshot::channel();
-        self.push(0, Job::StartRecvPool { pool, reply: tx }, true)?;
+        self.push(0, Job::StartRecvPool { pool, reply: tx }, false)?;
         self.reply(CALL, rx)
     }
 
@@ -937,9 +937,7 @@ impl TransferEngine {
             Err(e) => (Duration::ZERO, Some(e)),
         };
         if let Some(a) = &self.assist {
-            let started = std::time::Instant::now();
-            a.drive(Some(timeout), || rx.is_settled());
-            block = block.saturating_sub(started.elapsed());
+            block = block.min(a.drive_within(timeout, || rx.is_settled()));
         }
         match rx.wait_timeout(block) {
             Ok(()) => Ok(()),

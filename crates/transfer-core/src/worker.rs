@@ -335,11 +335,7 @@ pub(crate) fn run_shared(slot: Arc<Slot>, queue: Arc<WorkerQueue>, policy: IdleP
             // A waiter drives the group (it may have woken us by a submit
             // just before its wait): step back at once, without taking the
             // state from it.
-            let nap = Sleep {
-                park: ASSISTED_NAP,
-                block: ASSISTED_NAP,
-            };
-            sleep_released(&queue, stepped_plan(&queue), nap, true);
+            step_back(&queue);
             continue;
         }
         let mut guard = lock_slot(&slot);
@@ -354,26 +350,21 @@ pub(crate) fn run_shared(slot: Arc<Slot>, queue: Arc<WorkerQueue>, policy: IdleP
             idle.active();
             continue;
         }
-        let plan = if queue.assisting.load(Ordering::Acquire) > 0 {
+        if queue.assisting.load(Ordering::Acquire) > 0 {
             // A waiter drives the group: step back rather than spin
             // against it (or be woken by every arrival it handles); it
             // wakes this thread when it leaves.
-            Some((
-                stepped_plan(&queue),
-                Sleep {
-                    park: ASSISTED_NAP,
-                    block: ASSISTED_NAP,
-                },
-                true,
-            ))
-        } else {
-            idle.idle_at(Instant::now(), worker.may_sleep())
-                .map(|sleep| (worker.prepare_sleep(), sleep, false))
-        };
+            drop(guard);
+            step_back(&queue);
+            continue;
+        }
+        let plan = idle
+            .idle_at(Instant::now(), worker.may_sleep())
+            .map(|sleep| (worker.prepare_sleep(), sleep));
         drop(guard);
         match plan {
-            Some((plan, sleep, stepped)) => {
-                if sleep_released(&queue, plan, sleep, stepped) == Woke::Traffic {
+            Some((plan, sleep)) => {
+                if sleep_released(&queue, plan, sleep, false) == Woke::Traffic {
                     // A NIC had work without reporting an event (data placed
                     // by a manual-progress provider), or its descriptor woke
                     // us: traffic is flowing, so spin again rather than
@@ -405,13 +396,19 @@ pub(crate) fn run_shared(slot: Arc<Slot>, queue: Arc<WorkerQueue>, policy: IdleP
 /// submit made without a wake-up ([`crate::assist`]) may wait for it.
 const ASSISTED_NAP: Duration = Duration::from_millis(1);
 
-/// A stepped-back worker's nap: on the submit eventfd alone (not the NICs,
-/// whose arrivals the waiter handles), else a timed park.
-fn stepped_plan(queue: &WorkerQueue) -> SleepPlan {
-    queue
+/// A stepped-back worker's nap of at most [`ASSISTED_NAP`]: on the submit
+/// eventfd alone (not the NICs, whose arrivals the waiter handles), else a
+/// timed park. Never ends as traffic (no NIC descriptor is watched).
+fn step_back(queue: &WorkerQueue) {
+    let plan = queue
         .event
         .as_ref()
-        .map_or(SleepPlan::Park, |e| SleepPlan::Block(vec![e.raw()]))
+        .map_or(SleepPlan::Park, |e| SleepPlan::Block(vec![e.raw()]));
+    let nap = Sleep {
+        park: ASSISTED_NAP,
+        block: ASSISTED_NAP,
+    };
+    sleep_released(queue, plan, nap, true);
 }
 
 /// How a worker thread sleeps, as its submitters see it.

@@ -353,7 +353,7 @@ impl Engine {
         R: Into<transfer_core::Request<'a>> + Send,
     {
         let req: transfer_core::Request<'a> = req.into();
-        let small = req.bytes() <= transfer_core::assist::MAX_ASSISTED_BYTES;
+        let small = transfer_core::assist::assists(req.bytes());
         let pending = py
             .detach(|| self.shared.with(what, move |e| e.start(req)))
             .py()?;
@@ -785,7 +785,7 @@ impl Engine {
             .iter()
             .flatten()
             .fold(0u64, |a, i| a.saturating_add(i.len));
-        let small = bytes <= transfer_core::assist::MAX_ASSISTED_BYTES;
+        let small = transfer_core::assist::assists(bytes);
         let mut futs: Vec<crate::transfer::EngineFuture> = Vec::with_capacity(reqs.len());
         let mut refused = None;
         let srcs: Vec<&Region> = regions.iter().map(|r| r.get()).collect();

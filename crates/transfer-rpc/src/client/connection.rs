@@ -323,7 +323,7 @@ impl Client {
                 self.out.extend_from_slice(data);
                 self.flush_unless_coalescing(cmd)?;
             } else {
-                self.write_out(cmd)?;
+                self.write_out(cmd.name())?;
                 self.stream
                     .write_all(data)
                     .map_err(|e| RpcError::io(cmd.name(), e))?;
@@ -363,14 +363,14 @@ impl Client {
     /// under [`COALESCE_BOUND`].
     fn flush_unless_coalescing(&mut self, cmd: Command) -> Result<()> {
         if !self.config.coalesce || self.out.len() >= COALESCE_BOUND {
-            self.write_out(cmd)?;
+            self.write_out(cmd.name())?;
         }
         Ok(())
     }
 
     /// Writes the kept request bytes (one write); a failure is reported
-    /// against `cmd`, the command that caused the write.
-    fn write_out(&mut self, cmd: Command) -> Result<()> {
+    /// against `call` (the command that caused the write, or "flush").
+    fn write_out(&mut self, call: &'static str) -> Result<()> {
         if self.out.is_empty() {
             return Ok(());
         }
@@ -380,7 +380,7 @@ impl Client {
         if self.out.capacity() > 2 * COALESCE_BOUND {
             self.out.shrink_to(COALESCE_BOUND);
         }
-        r.map_err(|e| RpcError::io(cmd.name(), e))?;
+        r.map_err(|e| RpcError::io(call, e))?;
         if super::trace::enabled() && self.config.coalesce {
             super::trace::event(format_args!("{} FLUSH {len}", self.endpoint));
         }
@@ -393,17 +393,7 @@ impl Client {
     /// command may be what another party waits for. A no-op when nothing
     /// is kept.
     pub fn flush(&mut self) -> Result<()> {
-        if self.out.is_empty() {
-            return Ok(());
-        }
-        let r = self.stream.write_all(&self.out);
-        let len = self.out.len();
-        self.out.clear();
-        r.map_err(|e| RpcError::io("flush", e))?;
-        if super::trace::enabled() {
-            super::trace::event(format_args!("{} FLUSH {len}", self.endpoint));
-        }
-        Ok(())
+        self.write_out("flush")
     }
 
     /// Request bytes kept by a coalescing client, not yet written.
@@ -452,13 +442,13 @@ impl Client {
         // while this request is being written.
         if self.config.early_send {
             self.send(req)?;
-            self.write_out(req.command())?;
+            self.write_out(req.command().name())?;
             self.drain_posted()?;
         } else {
-            self.write_out(req.command())?;
+            self.write_out(req.command().name())?;
             self.drain_posted()?;
             self.send(req)?;
-            self.write_out(req.command())?;
+            self.write_out(req.command().name())?;
         }
         self.recv(req.command(), expected_data)
     }
@@ -875,6 +865,16 @@ mod tests {
         s.write_all(&encode_response(&r.encode_payload()))
     }
 
+    /// A listener on a free loopback port, and its address.
+    fn listener() -> Result<(TcpListener, String)> {
+        let l = TcpListener::bind("127.0.0.1:0").map_err(|e| RpcError::io("bind", e))?;
+        let addr = l
+            .local_addr()
+            .map_err(|e| RpcError::io("local_addr", e))?
+            .to_string();
+        Ok((l, addr))
+    }
+
     /// A server that answers a posted command only once the next request
     /// arrived (as a MARK_WAIT is answered only once a copy landed, which
     /// may be long after the client wants to send more): an ordinary call
@@ -882,11 +882,7 @@ mod tests {
     /// client reading first would wait here until its io timeout and fail.
     #[test]
     fn a_call_is_sent_before_the_answers_of_posted_commands_are_read() -> Result<()> {
-        let l = TcpListener::bind("127.0.0.1:0").map_err(|e| RpcError::io("bind", e))?;
-        let addr = l
-            .local_addr()
-            .map_err(|e| RpcError::io("local_addr", e))?
-            .to_string();
+        let (l, addr) = listener()?;
         let server = std::thread::spawn(move || -> std::io::Result<Vec<u8>> {
             let (mut s, _) = l.accept()?;
             let (hello, _) = read_frame(&mut s)?;
@@ -925,11 +921,7 @@ mod tests {
     /// (or a flush) writes them, in order, ahead of the call's own request.
     #[test]
     fn coalesced_requests_go_out_in_order_with_the_next_call() -> Result<()> {
-        let l = TcpListener::bind("127.0.0.1:0").map_err(|e| RpcError::io("bind", e))?;
-        let addr = l
-            .local_addr()
-            .map_err(|e| RpcError::io("local_addr", e))?
-            .to_string();
+        let (l, addr) = listener()?;
         let server = std::thread::spawn(move || -> std::io::Result<Vec<u8>> {
             let (mut s, _) = l.accept()?;
             let (hello, _) = read_frame(&mut s)?;
