@@ -36,6 +36,7 @@ class Adapter:
         self.dst: Any = None
         self.peer: Any = None
         self._counts: dict[tuple[Any, ...], int] = {}
+        self._rows: dict[Any, tuple[int, int, int]] = {}
         if self.caller:
             how = ("caller-driven progress (no engine threads): the caller polls inside every wait "
                    "(GIL released) and an idle target polls progress() (one busy core per process)")
@@ -62,7 +63,16 @@ class Adapter:
 
     def post(self, rows: np.ndarray, key: int | None = None, cache: Any = None) -> Any:
         if len(rows) == 1:
-            s, d, n = (int(x) for x in rows[0])
+            # With `cache`, the row is converted once and reused, as the
+            # NIXL adapter makes its transfer handle once: converting a
+            # numpy row to three ints per call cost 2.2 us here, inside the
+            # 8 B row's timed region (generator of int(); tolist() 0.46 us).
+            row = self._rows.get(cache) if cache is not None else None
+            if row is None:
+                row = tuple(rows[0].tolist())
+                if cache is not None:
+                    self._rows[cache] = row
+            s, d, n = row
             return self.eng.write(self.region, self.dst, src_offset=s, dst_offset=d, nbytes=n, imm=key)
         return self.eng.write_batch(self.region, self.dst, rows, imm=key)
 
