@@ -21,6 +21,8 @@ PAGES = 256
 POOL = 512
 
 KEY_ECHO, KEY_BACK, KEY_PAGED = 11, 12, 13
+# The echo phase's last write: the target stops echoing.
+ECHO_STOP = 0xEC0_57_0B_0000_0000
 
 
 def sync(conn: Any) -> None:
@@ -66,19 +68,40 @@ def bw(a: Any, conn: Any, size: int, it: int, total: int) -> float:
     return posts * batch / (t1 - t0)  # bytes per ns = GB/s
 
 
+# Latency rows warm up for at least this long as well as `warm` round
+# trips, inside the timed phase's own loop. Why: a process woken through
+# the side channel (a pipe: a "sync" wake-up) is placed on the CPU of the
+# process that woke it, so each phase starts with both engines' threads on
+# one of the 2 CPUs until the scheduler moves one (~5-25 ms here); 20
+# round trips measured that start-up, not the steady state: our thread
+# mode's 8 B echo over shm read 5-7 us or 16-25 us per run depending on
+# where a run ended up (both processes pinned to one CPU: 16-24 us; to
+# two: 5-7 us). Every engine gets the same warm-up.
+WARM_NS = 50_000_000
+
+
+def warming(i: int, warm: int, start: int) -> bool:
+    """Whether round trip `i` of a phase that began at `start` is warm-up."""
+    return i < warm or now_ns() - start < WARM_NS
+
+
 def lat8(a: Any, conn: Any, n: int, warm: int, it: int) -> list[float]:
     v64 = a.buf[:8].view(np.uint64)
     row = np.array([[0, IN, 8]], np.uint64)
     sync(conn)
-    lats = []
+    lats: list[float] = []
     v = 0
-    for i in range(warm + n):
+    i = 0
+    start = now_ns()
+    while len(lats) < n:
         v = mix((it << 32) ^ i)
         v64[0] = v
+        warm_up = warming(i, warm, start)
         t = now_ns()
         a.wait(a.post(row, None, "w8"))
-        if i >= warm:
+        if not warm_up:
             lats.append((now_ns() - t) / 1e3)
+        i += 1
     check(conn, "check8", IN, v)
     return lats
 
@@ -87,13 +110,17 @@ def echo(a: Any, conn: Any, n: int, warm: int, it: int) -> list[float]:
     v64 = a.buf[8:16].view(np.uint64)
     back = a.buf[IN + 16 : IN + 24].view(np.uint64)
     row = np.array([[8, IN + 8, 8]], np.uint64)
-    conn.send(("echo", warm + n))
+    conn.send(("echo",))
     if conn.recv() != "ready":
         raise RuntimeError("side channel: echo not ready")
-    lats = []
-    for i in range(warm + n):
-        v = mix((it << 32) ^ i ^ 0xEC0)
+    lats: list[float] = []
+    i = 0
+    start = now_ns()
+    while len(lats) < n:
+        # Never ECHO_STOP (its low bit is clear).
+        v = mix((it << 32) ^ i ^ 0xEC0) | 1
         v64[0] = v
+        warm_up = warming(i, warm, start)
         t = now_ns()
         # Own completion first: NIXL (progress thread on) never completes
         # the write while this thread spins in get_new_notifs.
@@ -102,8 +129,13 @@ def echo(a: Any, conn: Any, n: int, warm: int, it: int) -> list[float]:
         t1 = now_ns()
         if int(back[0]) != v:
             raise Mismatch(f"echo {i}: got {int(back[0]):#x} back, sent {v:#x}")
-        if i >= warm:
+        if not warm_up:
             lats.append((t1 - t) / 1e3)
+        i += 1
+    # The target echoes until this value arrives (the count of round trips
+    # is the initiator's: its warm-up is timed).
+    v64[0] = ECHO_STOP
+    a.wait(a.post(row, KEY_ECHO, "echo"))
     if conn.recv() != "ok":
         raise Mismatch("echo: the target saw wrong bytes")
     return lats
@@ -175,8 +207,10 @@ def prims_target(a: Any, conn: Any) -> None:
             row = np.array([[16, IN + 16, 8]], np.uint64)
             got = a.buf[IN + 8 : IN + 16]
             conn.send("ready")
-            for _ in range(msg[1]):
+            while True:
                 a.wait_key(KEY_ECHO, ("rows", (8,)))
+                if int(got.view(np.uint64)[0]) == ECHO_STOP:
+                    break
                 a.buf[16:24] = got
                 a.wait(a.post(row, KEY_BACK, "back"))
             conn.send("ok")
