@@ -15,6 +15,7 @@
 mod error;
 
 pub mod auth;
+pub mod deadline;
 pub mod env;
 pub mod hostlist;
 pub mod rendezvous;

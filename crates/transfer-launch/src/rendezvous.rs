@@ -32,6 +32,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, ToSocketAdd
 use std::time::{Duration, Instant};
 
 use crate::auth::{self, JobSecret, NONCE_LEN};
+use crate::deadline::Deadline;
 use crate::env::{Endpoint, LaunchInfo};
 use crate::error::{LaunchError, Result, io};
 use crate::wire::{self, Challenge, Hello, Limits, Reply};
@@ -472,16 +473,8 @@ impl Gather<'_> {
                 .map(|s| s.list_mac(&j.nonce, &unsigned).to_vec())
                 .unwrap_or_default();
             let (head, prefix, tail) = wire::signed_frame(&unsigned, &mac)?;
-            let left = deadline
-                .saturating_duration_since(Instant::now())
-                .max(Duration::from_secs(1));
             let s = &mut j.stream;
-            let sent = s
-                .set_write_timeout(Some(left))
-                .and_then(|()| s.write_all(&head))
-                .and_then(|()| s.write_all(prefix))
-                .and_then(|()| s.write_all(&tail))
-                .and_then(|()| s.flush());
+            let sent = write_by(s, &[&head, prefix, &tail], deadline, Duration::from_secs(1));
             if let Err(e) = sent {
                 lost.push((j.rank, e.to_string()));
             }
@@ -588,12 +581,7 @@ pub fn join(
             None => Vec::new(),
         };
         let frame = wire::frame(&wire::encode_hello(&hello, &opts.limits)?)?;
-        let left = deadline
-            .saturating_duration_since(Instant::now())
-            .max(Duration::from_millis(100));
-        stream
-            .set_write_timeout(Some(left))
-            .and_then(|()| stream.write_all(&frame))
+        write_by(&stream, &[&frame], deadline, Duration::from_millis(100))
             .map_err(io("send the hello to rank 0"))?;
         let body = read_frame(
             &mut stream,
@@ -687,33 +675,20 @@ fn read_frame(
     deadline: Instant,
     what: &'static str,
 ) -> Result<Vec<u8>> {
+    let mut from = Deadline::new(s, deadline);
     let mut head = [0u8; 4];
-    read_exact_by(s, &mut head, deadline, what)?;
+    read_exact_by(&mut from, &mut head, what)?;
     let len = wire::frame_len(head, max)?;
     let mut body = vec![0u8; len];
-    read_exact_by(s, &mut body, deadline, what)?;
+    read_exact_by(&mut from, &mut body, what)?;
     Ok(body)
 }
 
-/// `read_exact` with one deadline over all the reads it takes.
-fn read_exact_by(
-    s: &mut TcpStream,
-    buf: &mut [u8],
-    deadline: Instant,
-    what: &'static str,
-) -> Result<()> {
+/// `read_exact` under `io`'s one deadline, with how far it got in the error.
+fn read_exact_by(from: &mut Deadline<'_>, buf: &mut [u8], what: &'static str) -> Result<()> {
     let mut got = 0;
     while got < buf.len() {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(LaunchError::Timeout {
-                what,
-                after: Duration::ZERO,
-                detail: format!(": {got} of {} bytes arrived", buf.len()),
-            });
-        }
-        s.set_read_timeout(Some(left)).map_err(io(what))?;
-        match s.read(&mut buf[got..]) {
+        match from.read(&mut buf[got..]) {
             Ok(0) => {
                 return Err(io(what)(std::io::Error::new(
                     ErrorKind::UnexpectedEof,
@@ -721,13 +696,31 @@ fn read_exact_by(
                 )));
             }
             Ok(n) => got += n,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
-                ) => {}
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == ErrorKind::TimedOut => {
+                return Err(LaunchError::Timeout {
+                    what,
+                    after: Duration::ZERO,
+                    detail: format!(": {got} of {} bytes arrived", buf.len()),
+                });
+            }
             Err(e) => return Err(io(what)(e)),
         }
+    }
+    Ok(())
+}
+
+/// Writes `parts` under one deadline, at least `floor` from now (a frame
+/// sent as a deadline runs out still gets a moment).
+fn write_by(
+    s: &TcpStream,
+    parts: &[&[u8]],
+    deadline: Instant,
+    floor: Duration,
+) -> std::io::Result<()> {
+    let mut to = Deadline::new(s, deadline.max(Instant::now() + floor));
+    for p in parts {
+        to.write_all(p)?;
     }
     Ok(())
 }
