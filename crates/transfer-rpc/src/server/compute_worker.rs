@@ -15,7 +15,7 @@ use super::registry::BufferRegistry;
 use super::worker_graph;
 use super::worker_ipc::{
     RESULT_ERROR, RESULT_NOT_HELD, RESULT_OK, Receiver, TAG_COMPUTE, TAG_MAP, TAG_RESULT, TAG_RUN,
-    TAG_UNMAP, send, u64_at,
+    TAG_UNMAP, poll_readable, send, u64_at,
 };
 use crate::error::{Result, RpcError};
 use crate::validate::{GraphLimits, ValidatedGraph};
@@ -27,6 +27,10 @@ pub const CRASH_ENV: &str = "TRANSFER_RPC_TEST_CRASH";
 /// compute takes down neither the server nor other sessions, without
 /// knowing a validator gap.
 pub const CRASH_MARKER: &[u8] = b"transfer-rpc-test-crash";
+
+/// How long the worker looks for its next message before it blocks
+/// (CPU spent per graph at most; yielding between looks).
+const NEXT_POLL: std::time::Duration = std::time::Duration::from_micros(100);
 
 fn io(call: &'static str, e: std::io::Error) -> RpcError {
     RpcError::io(call, e)
@@ -122,6 +126,14 @@ pub fn serve(sock: OwnedFd, devices: u32, threads: usize, limits: GraphLimits) -
     };
     let mut rx = Receiver::default();
     loop {
+        if !rx.has_read_ahead() {
+            // The next graph of a stream of graphs (llama.cpp's
+            // test-backend-ops perf mode, a client's back-to-back steps)
+            // comes right after the answer: looking for it briefly spares
+            // this process the wake-up of a blocked read (see
+            // `isolated::ANSWER_POLL_MAX` for what one costs here).
+            poll_readable(sock.as_fd(), NEXT_POLL);
+        }
         let (tag, body) = match rx.recv(sock.as_fd()) {
             Ok(m) => m,
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),

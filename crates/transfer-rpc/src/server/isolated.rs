@@ -36,14 +36,14 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::compute::{ComputeBackend, PREPARED_GRAPHS};
 use super::registry::{Buffer, BufferRegistry};
 use super::worker_graph;
 use super::worker_ipc::{
     RESULT_NOT_HELD, RESULT_OK, Receiver, TAG_COMPUTE, TAG_MAP, TAG_RESULT, TAG_RUN, TAG_UNMAP,
-    send,
+    poll_readable, send,
 };
 use crate::error::{Result, RpcError};
 use crate::validate::{GraphLimits, ValidatedGraph};
@@ -107,7 +107,22 @@ struct Worker {
     /// GRAPH_COMPUTE. A key here the worker dropped anyway (its tensor
     /// bound) still gets NOT_HELD, then COMPUTE.
     kept: VecDeque<u64>,
+    /// How long the last request took, answer included: the next one
+    /// polls for its answer for up to twice that ([`ANSWER_POLL_MAX`]).
+    last_answer: Duration,
 }
+
+/// Longest a request polls for the worker's answer before it blocks.
+///
+/// Why poll at all: a blocked session thread is woken when the answer
+/// comes, and each wake-up costs tens of microseconds here (2-core VM: a
+/// one-ADD graph through the worker +45..+70 us over ggml's own server,
+/// in-process -3..-11 us; `tests/graph_overhead.rs`). A decode step's graph
+/// on a small model is that short, so the hop was a visible share of
+/// llama-bench tg. Graphs whose last run took longer than this never poll
+/// (their compute dwarfs the wake-up); the poll yields the core between
+/// looks, so compute threads on the same core go first.
+const ANSWER_POLL_MAX: Duration = Duration::from_micros(200);
 
 impl Worker {
     fn spawn(cfg: &IsolatedConfig, device: usize) -> Result<Worker> {
@@ -162,6 +177,7 @@ impl Worker {
             rx: Receiver::default(),
             mapped: HashMap::new(),
             kept: VecDeque::new(),
+            last_answer: Duration::MAX,
         })
     }
 
@@ -212,8 +228,16 @@ impl Worker {
         tag: u8,
         body: &[u8],
     ) -> std::io::Result<Option<std::result::Result<(), String>>> {
+        let started = Instant::now();
         send(self.sock.as_fd(), tag, body, None)?;
+        if self.last_answer < ANSWER_POLL_MAX && !self.rx.has_read_ahead() {
+            poll_readable(
+                self.sock.as_fd(),
+                (self.last_answer * 2).min(ANSWER_POLL_MAX),
+            );
+        }
         let (tag, body) = self.rx.recv(self.sock.as_fd())?;
+        self.last_answer = started.elapsed();
         if tag != TAG_RESULT || body.is_empty() {
             return Err(std::io::Error::other("unexpected answer from the worker"));
         }

@@ -19,6 +19,7 @@
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::time::{Duration, Instant};
 
 /// MAP.
 pub const TAG_MAP: u8 = 1;
@@ -233,9 +234,41 @@ impl Receiver {
         Ok((head[4], body))
     }
 
+    /// Whether a message may already wait here, read ahead (then
+    /// [`Receiver::recv`] does not block for its first bytes).
+    pub fn has_read_ahead(&self) -> bool {
+        self.end > self.pos
+    }
+
     /// The oldest descriptor received and not yet taken.
     pub fn take_fd(&mut self) -> Option<OwnedFd> {
         self.fds.pop_front()
+    }
+}
+
+/// Polls `sock` for readability for up to `window`, giving the core away
+/// between polls; returns whether it became readable. The caller blocks in
+/// its read afterwards either way: this only spares it the wake-up when
+/// the answer comes within the window.
+pub fn poll_readable(sock: BorrowedFd<'_>, window: Duration) -> bool {
+    let end = Instant::now() + window;
+    loop {
+        let mut p = libc::pollfd {
+            fd: sock.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, zero timeout: the call only reads the
+        // descriptor's state.
+        let n = unsafe { libc::poll(&mut p, 1, 0) };
+        if n != 0 {
+            // Readable, hung up or an error: the read reports which.
+            return n > 0;
+        }
+        if Instant::now() >= end {
+            return false;
+        }
+        std::thread::yield_now();
     }
 }
 
