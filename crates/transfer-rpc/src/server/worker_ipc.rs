@@ -288,6 +288,36 @@ mod tests {
     use std::os::unix::net::UnixStream;
 
     #[test]
+    fn a_poll_sees_a_message_and_gives_up_at_its_window() {
+        let (a, b) = UnixStream::pair().unwrap();
+        // Nothing sent: false once the window passed, and not much later.
+        let t = Instant::now();
+        assert!(!poll_readable(b.as_fd(), Duration::from_millis(20)));
+        let took = t.elapsed();
+        assert!(
+            took >= Duration::from_millis(20) && took < Duration::from_secs(2),
+            "{took:?}"
+        );
+        // A message sent from another thread during the window is seen.
+        let sender = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(5));
+            send(a.as_fd(), TAG_RESULT, &[RESULT_OK], None).unwrap();
+            a
+        });
+        assert!(poll_readable(b.as_fd(), Duration::from_secs(5)));
+        let a = sender.join().unwrap();
+        assert_eq!(
+            Receiver::default().recv(b.as_fd()).unwrap(),
+            (TAG_RESULT, vec![RESULT_OK])
+        );
+        // A closed peer ends the poll at once (the read then reports it).
+        drop(a);
+        let t = Instant::now();
+        assert!(poll_readable(b.as_fd(), Duration::from_secs(5)));
+        assert!(t.elapsed() < Duration::from_secs(2));
+    }
+
+    #[test]
     fn messages_and_descriptors_cross() {
         let (a, b) = UnixStream::pair().unwrap();
         let mem = crate::server::host_memory::HostMemory::zeroed(100).unwrap();
