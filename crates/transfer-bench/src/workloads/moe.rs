@@ -173,9 +173,9 @@ impl Moe {
             }
         }
         let mut armed = signal::arm(&ctx.engine, imm::DISPATCH, count, "dispatch rows");
-        ctx.barrier(peers, imm::barrier(0, it))?;
-        let start = Instant::now();
         let mut flags: Vec<Arc<DoneFlag>> = Vec::new();
+        flags.extend(ctx.barrier_then(peers, imm::barrier(0, it))?);
+        let start = Instant::now();
         // Rows packed per destination, then one contiguous write each (as
         // Open MPI's alltoallv packs; its dispatch_us includes that too).
         // One paged write per destination posted one libfabric write per
@@ -261,9 +261,9 @@ impl Moe {
             }
         }
         let mut armed = signal::arm(&ctx.engine, imm::COMBINE, count, "combine rows");
-        ctx.barrier(peers, imm::barrier(1, it))?;
-        let start = Instant::now();
         let mut flags: Vec<Arc<DoneFlag>> = Vec::new();
+        flags.extend(ctx.barrier_then(peers, imm::barrier(1, it))?);
+        let start = Instant::now();
         for s in (0..e).filter(|&s| s != r) {
             let n = self.rt.count[s][r];
             if n == 0 {
