@@ -423,7 +423,9 @@ impl TransferEngine {
     }
 
     /// How each worker spent its idle time so far: `(blocked on NIC wait
-    /// descriptors, parked on a timer)` counts, per domain group.
+    /// descriptors, parked on a timer)` counts, per domain group. The naps
+    /// a worker takes while a waiter drives its group
+    /// ([`crate::assist`]) are not idle sleeps and are not counted.
     pub fn idle_stats(&self) -> Vec<(u64, u64)> {
         self.workers.iter().map(|w| w.queue.idle_stats()).collect()
     }
