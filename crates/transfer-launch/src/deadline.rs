@@ -35,16 +35,23 @@ impl<'a> Deadline<'a> {
     }
 
     fn left(&self) -> std::io::Result<Duration> {
-        let left = self.at.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            Err(std::io::Error::new(
-                ErrorKind::TimedOut,
-                "the frame's deadline passed",
-            ))
-        } else {
-            Ok(left)
-        }
+        time_left(self.at)
     }
+}
+
+/// The time left until `at`, or the `TimedOut` error every reader and
+/// writer here gives once it has passed.
+pub fn time_left(at: Instant) -> std::io::Result<Duration> {
+    let left = at.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        Err(passed())
+    } else {
+        Ok(left)
+    }
+}
+
+fn passed() -> std::io::Error {
+    std::io::Error::new(ErrorKind::TimedOut, "the frame's deadline passed")
 }
 
 /// Bytes `stream` has for `buf` right now, without blocking and without
@@ -105,10 +112,7 @@ fn without_waiting(mut call: impl FnMut() -> isize) -> Option<std::io::Result<us
 /// its timing out is the frame's deadline passing.
 fn deadline_passed(r: std::io::Result<usize>) -> std::io::Result<usize> {
     match r {
-        Err(e) if e.kind() == ErrorKind::WouldBlock => Err(std::io::Error::new(
-            ErrorKind::TimedOut,
-            "the frame's deadline passed",
-        )),
+        Err(e) if e.kind() == ErrorKind::WouldBlock => Err(passed()),
         r => r,
     }
 }

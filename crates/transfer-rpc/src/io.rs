@@ -7,7 +7,7 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 pub use transfer_launch::deadline::Deadline;
-use transfer_launch::deadline::recv_now;
+use transfer_launch::deadline::{recv_now, time_left};
 
 use crate::error::{Result, RpcError};
 
@@ -118,19 +118,7 @@ impl<'a> FrameReader<'a> {
             if let Some(done) = recv_now(stream, out) {
                 return done;
             }
-            let left = match at {
-                None => None,
-                Some(at) => {
-                    let left = at.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return Err(std::io::Error::new(
-                            ErrorKind::TimedOut,
-                            "the frame's deadline passed",
-                        ));
-                    }
-                    Some(left)
-                }
-            };
+            let left = at.map(time_left).transpose()?;
             let fine = match (*timeout, left) {
                 (Some(Some(set)), Some(left)) => set <= left,
                 // Waiting without a deadline: a timeout of a second or more
