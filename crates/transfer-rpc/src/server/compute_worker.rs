@@ -14,8 +14,8 @@ use super::host_memory::HostMemory;
 use super::registry::BufferRegistry;
 use super::worker_graph;
 use super::worker_ipc::{
-    RESULT_ERROR, RESULT_NOT_HELD, RESULT_OK, Receiver, TAG_COMPUTE, TAG_MAP, TAG_RESULT, TAG_RUN,
-    TAG_UNMAP, poll_readable, send, u64_at,
+    Pace, RESULT_ERROR, RESULT_NOT_HELD, RESULT_OK, Receiver, TAG_COMPUTE, TAG_MAP, TAG_RESULT,
+    TAG_RUN, TAG_UNMAP, core_spare, poll_readable, poll_readable_around, send, u64_at,
 };
 use crate::error::{Result, RpcError};
 use crate::validate::{GraphLimits, ValidatedGraph};
@@ -31,6 +31,12 @@ pub const CRASH_MARKER: &[u8] = b"transfer-rpc-test-crash";
 /// How long the worker looks for its next message before it blocks
 /// (CPU spent per graph at most; yielding between looks).
 const NEXT_POLL: std::time::Duration = std::time::Duration::from_micros(100);
+
+/// Longest gap between an answer and the next graph that the worker times
+/// its wait by, where a core is spare (see `isolated::ANSWER_PREDICT_MAX`):
+/// a client's decode steps come at a steady pace, so the next one is due
+/// about as long after this answer as the last one was.
+const NEXT_PREDICT_MAX: std::time::Duration = std::time::Duration::from_millis(4);
 
 fn io(call: &'static str, e: std::io::Error) -> RpcError {
     RpcError::io(call, e)
@@ -125,20 +131,36 @@ pub fn serve(sock: OwnedFd, devices: u32, threads: usize, limits: GraphLimits) -
         kept: KeyedCache::default(),
     };
     let mut rx = Receiver::default();
+    let spare_core = core_spare(threads);
+    // When the last answer went, and how long after an answer the next
+    // message came last time.
+    let mut answered: Option<std::time::Instant> = None;
+    let mut gaps = Pace::default();
     loop {
         if !rx.has_read_ahead() {
-            // The next graph of a stream of graphs (llama.cpp's
-            // test-backend-ops perf mode, a client's back-to-back steps)
-            // comes right after the answer: looking for it briefly spares
-            // this process the wake-up of a blocked read (see
-            // `isolated::ANSWER_POLL_MAX` for what one costs here).
-            poll_readable(sock.as_fd(), NEXT_POLL);
+            match (answered, gaps.expected()) {
+                (Some(_), Some(gap)) if spare_core && gap < NEXT_PREDICT_MAX => {
+                    poll_readable_around(sock.as_fd(), gap, super::isolated::WAKE_MARGIN);
+                }
+                // The next graph of a stream of graphs (llama.cpp's
+                // test-backend-ops perf mode, a client's back-to-back
+                // steps) comes right after the answer: looking for it
+                // briefly spares this process the wake-up of a blocked
+                // read (see `isolated::ANSWER_POLL_MAX` for what one costs
+                // here).
+                _ => {
+                    poll_readable(sock.as_fd(), NEXT_POLL);
+                }
+            }
         }
         let (tag, body) = match rx.recv(sock.as_fd()) {
             Ok(m) => m,
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
             Err(e) => return Err(io("compute worker: read", e)),
         };
+        if let Some(at) = answered.take() {
+            gaps.observe(at.elapsed());
+        }
         match tag {
             TAG_MAP => {
                 let (Some(handle), Some(base), Some(size)) =
@@ -163,8 +185,14 @@ pub fn serve(sock: OwnedFd, devices: u32, threads: usize, limits: GraphLimits) -
                     }
                 }
             }
-            TAG_COMPUTE => answer(sock.as_fd(), Some(worker.compute(&body)))?,
-            TAG_RUN => answer(sock.as_fd(), worker.run(&body))?,
+            TAG_COMPUTE => {
+                answer(sock.as_fd(), Some(worker.compute(&body)))?;
+                answered = Some(std::time::Instant::now());
+            }
+            TAG_RUN => {
+                answer(sock.as_fd(), worker.run(&body))?;
+                answered = Some(std::time::Instant::now());
+            }
             other => {
                 return Err(RpcError::malformed(
                     "compute worker",

@@ -42,8 +42,8 @@ use super::compute::{ComputeBackend, PREPARED_GRAPHS};
 use super::registry::{Buffer, BufferRegistry};
 use super::worker_graph;
 use super::worker_ipc::{
-    RESULT_NOT_HELD, RESULT_OK, Receiver, TAG_COMPUTE, TAG_MAP, TAG_RESULT, TAG_RUN, TAG_UNMAP,
-    poll_readable, send,
+    Pace, RESULT_NOT_HELD, RESULT_OK, Receiver, TAG_COMPUTE, TAG_MAP, TAG_RESULT, TAG_RUN,
+    TAG_UNMAP, core_spare, poll_readable, poll_readable_around, send,
 };
 use crate::error::{Result, RpcError};
 use crate::validate::{GraphLimits, ValidatedGraph};
@@ -110,6 +110,12 @@ struct Worker {
     /// How long the last request took, answer included: the next one
     /// polls for its answer for up to twice that ([`ANSWER_POLL_MAX`]).
     last_answer: Duration,
+    /// How long requests took lately (the timed wait aims at the
+    /// shortest).
+    answers: Pace,
+    /// The worker's compute threads leave a core spare, so a session may
+    /// poll for the whole tail of a compute ([`ANSWER_PREDICT_MAX`]).
+    spare_core: bool,
 }
 
 /// Longest a request polls for the worker's answer before it blocks.
@@ -123,6 +129,17 @@ struct Worker {
 /// (their compute dwarfs the wake-up); the poll yields the core between
 /// looks, so compute threads on the same core go first.
 const ANSWER_POLL_MAX: Duration = Duration::from_micros(200);
+
+/// Longest answer a request still times its wait by, where a core is
+/// spare: it sleeps until [`WAKE_MARGIN`] before the answer is due (when
+/// recent ones came: [`Pace`]) and polls from there, so the answer finds it
+/// awake. Above this the two wake-ups of a graph are under 2.5 % of it, and
+/// polling a longer compute's tail is not worth a core's time.
+const ANSWER_PREDICT_MAX: Duration = Duration::from_millis(4);
+
+/// How long before a message is due a timed wait wakes up: a wake-up's
+/// cost here (40-60 us) and then some.
+pub(crate) const WAKE_MARGIN: Duration = Duration::from_micros(100);
 
 impl Worker {
     fn spawn(cfg: &IsolatedConfig, device: usize) -> Result<Worker> {
@@ -178,6 +195,8 @@ impl Worker {
             mapped: HashMap::new(),
             kept: VecDeque::new(),
             last_answer: Duration::MAX,
+            answers: Pace::default(),
+            spare_core: core_spare(cfg.threads),
         })
     }
 
@@ -230,7 +249,11 @@ impl Worker {
     ) -> std::io::Result<Option<std::result::Result<(), String>>> {
         let started = Instant::now();
         send(self.sock.as_fd(), tag, body, None)?;
-        if self.last_answer < ANSWER_POLL_MAX && !self.rx.has_read_ahead() {
+        let waiting = !self.rx.has_read_ahead();
+        let due = self.answers.expected().unwrap_or(Duration::MAX);
+        if waiting && self.spare_core && due < ANSWER_PREDICT_MAX {
+            poll_readable_around(self.sock.as_fd(), due, WAKE_MARGIN);
+        } else if waiting && self.last_answer < ANSWER_POLL_MAX {
             poll_readable(
                 self.sock.as_fd(),
                 (self.last_answer * 2).min(ANSWER_POLL_MAX),
@@ -238,6 +261,7 @@ impl Worker {
         }
         let (tag, body) = self.rx.recv(self.sock.as_fd())?;
         self.last_answer = started.elapsed();
+        self.answers.observe(self.last_answer);
         if tag != TAG_RESULT || body.is_empty() {
             return Err(std::io::Error::other("unexpected answer from the worker"));
         }

@@ -272,6 +272,99 @@ pub fn poll_readable(sock: BorrowedFd<'_>, window: Duration) -> bool {
     }
 }
 
+/// When the next of a steady stream of messages is due: the shortest of the
+/// last few intervals. A message that came while its waiter slept is seen
+/// a wake-up late, so its interval reads long; the shortest of several is
+/// the one a timed wait should aim at. A last interval more than twice that
+/// starts a new pace (llama-bench's prompt graphs after its decode steps,
+/// each ~7x as long): aiming at the old one would wake the waiter in the
+/// middle of every such compute and poll there (measured: pp64 0.95x of
+/// ggml's server with the shortest of four, 1.0x without timed waits).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Pace {
+    recent: [Option<Duration>; 4],
+    next: usize,
+}
+
+impl Pace {
+    /// Notes one interval.
+    pub fn observe(&mut self, d: Duration) {
+        if let Some(slot) = self.recent.get_mut(self.next) {
+            *slot = Some(d);
+        }
+        self.next = (self.next + 1) % self.recent.len();
+    }
+
+    /// The interval to expect; `None` before the first.
+    pub fn expected(&self) -> Option<Duration> {
+        let last = self
+            .recent
+            .get((self.next + self.recent.len() - 1) % self.recent.len())
+            .copied()
+            .flatten()?;
+        let shortest = self.recent.iter().flatten().min().copied()?;
+        Some(if last > shortest * 2 { last } else { shortest })
+    }
+}
+
+/// Waits for a message expected about `expected` from now: blocks in a
+/// timed poll until `margin` before it, then polls with yields until
+/// `margin` (plus an eighth of `expected`, at most another `margin`, for
+/// the jitter of a compute) after it: at most three margins of polling. Returns whether `sock` became readable; the caller blocks in
+/// its read afterwards either way.
+///
+/// Why: a thread blocked in a read is woken when the message comes, and
+/// each wake-up costs 40-60 us on this 2-core VM (an idle vCPU is halted),
+/// twice per graph through the worker. A decode step's graphs come at a
+/// steady pace (llama-bench tg: the same graph every ~1 ms), so the timed
+/// poll's own wake-up happens while the sender is still busy and the
+/// message finds this thread polling. Costs at most the poll window of a
+/// core per message, and only where a core is spare (the callers check).
+pub fn poll_readable_around(sock: BorrowedFd<'_>, expected: Duration, margin: Duration) -> bool {
+    fine_timer_slack();
+    let end = Instant::now() + expected + margin + (expected / 8).min(margin);
+    if let Some(sleep) = expected.checked_sub(margin).filter(|d| !d.is_zero()) {
+        let ts = libc::timespec {
+            tv_sec: sleep.as_secs() as libc::time_t,
+            tv_nsec: libc::c_long::from(sleep.subsec_nanos()),
+        };
+        let mut p = libc::pollfd {
+            fd: sock.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd and a valid timeout; no signal mask.
+        let n = unsafe { libc::ppoll(&mut p, 1, &ts, std::ptr::null()) };
+        if n != 0 {
+            return n > 0;
+        }
+    }
+    poll_readable(sock, end.saturating_duration_since(Instant::now()))
+}
+
+/// Timed polls of this thread wake within a microsecond of their timeout,
+/// not the default 50 us slack (which is as long as the margin of
+/// [`poll_readable_around`]).
+fn fine_timer_slack() {
+    thread_local! {
+        static DONE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+    DONE.with(|done| {
+        if !done.get() {
+            // SAFETY: PR_SET_TIMERSLACK takes a plain integer (ns) and
+            // changes only this thread's timer slack.
+            unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000 as libc::c_ulong) };
+            done.set(true);
+        }
+    });
+}
+
+/// Whether compute threads leave a core of this process's CPUs spare:
+/// only then may a thread poll for a message instead of blocking.
+pub fn core_spare(compute_threads: usize) -> bool {
+    std::thread::available_parallelism().is_ok_and(|n| n.get() > compute_threads)
+}
+
 /// Reads a little-endian u64 at `at`.
 pub fn u64_at(b: &[u8], at: usize) -> Option<u64> {
     let s = b.get(at..at + 8)?;
@@ -315,6 +408,68 @@ mod tests {
         let t = Instant::now();
         assert!(poll_readable(b.as_fd(), Duration::from_secs(5)));
         assert!(t.elapsed() < Duration::from_secs(2));
+    }
+
+    #[test]
+    fn a_paced_stream_aims_at_its_shortest_recent_interval() {
+        let mut p = Pace::default();
+        assert_eq!(p.expected(), None);
+        let ms = Duration::from_millis;
+        for d in [5, 3, 5, 4] {
+            p.observe(ms(d));
+        }
+        assert_eq!(p.expected(), Some(ms(3)));
+        // The 3 ms interval ages out after four more.
+        for d in [6, 7, 8, 9] {
+            p.observe(ms(d));
+        }
+        assert_eq!(p.expected(), Some(ms(6)));
+        // A last one more than twice the shortest sets the pace at once...
+        p.observe(ms(40));
+        assert_eq!(p.expected(), Some(ms(40)));
+        // ...and a short one again brings back the shortest.
+        p.observe(ms(7));
+        assert_eq!(p.expected(), Some(ms(7)));
+    }
+
+    #[test]
+    fn a_timed_wait_sees_messages_early_on_time_and_gives_up_after_its_window() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let ms = Duration::from_millis;
+        // Nothing comes: false once due + margin + an eighth passed (30 +
+        // 10 + 3.75 ms), and not much later.
+        let t = Instant::now();
+        assert!(!poll_readable_around(b.as_fd(), ms(30), ms(10)));
+        let took = t.elapsed();
+        assert!(took >= ms(43) && took < Duration::from_secs(2), "{took:?}");
+        // A message long before it is due ends the timed sleep.
+        let early = std::thread::spawn(move || {
+            std::thread::sleep(ms(5));
+            send(a.as_fd(), TAG_RESULT, &[RESULT_OK], None).unwrap();
+            a
+        });
+        let t = Instant::now();
+        assert!(poll_readable_around(
+            b.as_fd(),
+            Duration::from_secs(20),
+            ms(10)
+        ));
+        assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+        let a = early.join().unwrap();
+        let mut r = Receiver::default();
+        assert_eq!(r.recv(b.as_fd()).unwrap(), (TAG_RESULT, vec![RESULT_OK]));
+        // One after the sleep, inside the polled window (10..32.5 ms), is
+        // seen too (unless a loaded machine ran the sender too late).
+        let t = Instant::now();
+        let late = std::thread::spawn(move || {
+            std::thread::sleep(ms(15));
+            send(a.as_fd(), TAG_RESULT, &[RESULT_OK], None).unwrap();
+            (a, t.elapsed())
+        });
+        let seen = poll_readable_around(b.as_fd(), ms(20), ms(10));
+        let (_a, sent_at) = late.join().unwrap();
+        assert!(seen || sent_at > ms(32), "sent at {sent_at:?}");
+        assert_eq!(r.recv(b.as_fd()).unwrap(), (TAG_RESULT, vec![RESULT_OK]));
     }
 
     #[test]
