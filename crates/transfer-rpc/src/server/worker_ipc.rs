@@ -247,10 +247,17 @@ impl Receiver {
 }
 
 /// Polls `sock` for readability for up to `window`, giving the core away
-/// between polls; returns whether it became readable. The caller blocks in
+/// between polls, and gives up early once a yield shows another thread
+/// wants the core ([`YIELD_SHARED`]); returns whether it became readable. The caller blocks in
 /// its read afterwards either way: this only spares it the wake-up when
 /// the answer comes within the window.
 pub fn poll_readable(sock: BorrowedFd<'_>, window: Duration) -> bool {
+    poll_window(sock, window, true)
+}
+
+/// [`poll_readable`], with the give-up on a shared core optional (tests of
+/// the window itself turn it off: on a loaded machine it ends any poll).
+fn poll_window(sock: BorrowedFd<'_>, window: Duration, give_up_when_shared: bool) -> bool {
     let end = Instant::now() + window;
     loop {
         let mut p = libc::pollfd {
@@ -265,12 +272,22 @@ pub fn poll_readable(sock: BorrowedFd<'_>, window: Duration) -> bool {
             // Readable, hung up or an error: the read reports which.
             return n > 0;
         }
-        if Instant::now() >= end {
+        let before = Instant::now();
+        if before >= end {
             return false;
         }
         std::thread::yield_now();
+        if give_up_when_shared && before.elapsed() > YIELD_SHARED {
+            return false;
+        }
     }
 }
+
+/// A yield that took longer than this gave the core to another thread (or
+/// the hypervisor took the vCPU): polling there only takes time from
+/// whoever shares it (the compute it waits for, when the scheduler put
+/// both on one core), so the poll gives up and blocks.
+const YIELD_SHARED: Duration = Duration::from_micros(30);
 
 /// When the next of a steady stream of messages is due: the shortest of the
 /// last few intervals. A message that came while its waiter slept is seen
@@ -321,6 +338,15 @@ impl Pace {
 /// message finds this thread polling. Costs at most the poll window of a
 /// core per message, and only where a core is spare (the callers check).
 pub fn poll_readable_around(sock: BorrowedFd<'_>, expected: Duration, margin: Duration) -> bool {
+    wait_around(sock, expected, margin, true)
+}
+
+fn wait_around(
+    sock: BorrowedFd<'_>,
+    expected: Duration,
+    margin: Duration,
+    give_up_when_shared: bool,
+) -> bool {
     fine_timer_slack();
     let end = Instant::now() + expected + margin + (expected / 8).min(margin);
     if let Some(sleep) = expected.checked_sub(margin).filter(|d| !d.is_zero()) {
@@ -339,7 +365,11 @@ pub fn poll_readable_around(sock: BorrowedFd<'_>, expected: Duration, margin: Du
             return n > 0;
         }
     }
-    poll_readable(sock, end.saturating_duration_since(Instant::now()))
+    poll_window(
+        sock,
+        end.saturating_duration_since(Instant::now()),
+        give_up_when_shared,
+    )
 }
 
 /// Timed polls of this thread wake within a microsecond of their timeout,
@@ -385,7 +415,7 @@ mod tests {
         let (a, b) = UnixStream::pair().unwrap();
         // Nothing sent: false once the window passed, and not much later.
         let t = Instant::now();
-        assert!(!poll_readable(b.as_fd(), Duration::from_millis(20)));
+        assert!(!poll_window(b.as_fd(), Duration::from_millis(20), false));
         let took = t.elapsed();
         assert!(
             took >= Duration::from_millis(20) && took < Duration::from_secs(2),
@@ -397,7 +427,7 @@ mod tests {
             send(a.as_fd(), TAG_RESULT, &[RESULT_OK], None).unwrap();
             a
         });
-        assert!(poll_readable(b.as_fd(), Duration::from_secs(5)));
+        assert!(poll_window(b.as_fd(), Duration::from_secs(5), false));
         let a = sender.join().unwrap();
         assert_eq!(
             Receiver::default().recv(b.as_fd()).unwrap(),
@@ -408,6 +438,53 @@ mod tests {
         let t = Instant::now();
         assert!(poll_readable(b.as_fd(), Duration::from_secs(5)));
         assert!(t.elapsed() < Duration::from_secs(2));
+    }
+
+    #[test]
+    fn a_poll_gives_up_when_it_shares_its_core_with_a_busy_thread() {
+        fn pin_to_first_cpu() {
+            // SAFETY: a zeroed cpu_set_t is empty; CPU_SET and
+            // sched_setaffinity(0, ..) act on this thread only.
+            unsafe {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                let mut first = 0;
+                libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set);
+                while first < libc::CPU_SETSIZE as usize && !libc::CPU_ISSET(first, &set) {
+                    first += 1;
+                }
+                libc::CPU_ZERO(&mut set);
+                libc::CPU_SET(first, &mut set);
+                assert_eq!(
+                    libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+                    0
+                );
+            }
+        }
+        let (_a, b) = UnixStream::pair().unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let busy = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                pin_to_first_cpu();
+                let t = Instant::now();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed)
+                    && t.elapsed() < Duration::from_secs(20)
+                {
+                    std::hint::spin_loop();
+                }
+            })
+        };
+        pin_to_first_cpu();
+        std::thread::sleep(Duration::from_millis(20));
+        let t = Instant::now();
+        assert!(!poll_readable(b.as_fd(), Duration::from_secs(10)));
+        let took = t.elapsed();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        busy.join().unwrap();
+        assert!(
+            took < Duration::from_secs(5),
+            "polled {took:?} beside a busy thread"
+        );
     }
 
     #[test]
@@ -439,7 +516,7 @@ mod tests {
         // Nothing comes: false once due + margin + an eighth passed (30 +
         // 10 + 3.75 ms), and not much later.
         let t = Instant::now();
-        assert!(!poll_readable_around(b.as_fd(), ms(30), ms(10)));
+        assert!(!wait_around(b.as_fd(), ms(30), ms(10), false));
         let took = t.elapsed();
         assert!(took >= ms(43) && took < Duration::from_secs(2), "{took:?}");
         // A message long before it is due ends the timed sleep.
@@ -466,7 +543,7 @@ mod tests {
             send(a.as_fd(), TAG_RESULT, &[RESULT_OK], None).unwrap();
             (a, t.elapsed())
         });
-        let seen = poll_readable_around(b.as_fd(), ms(20), ms(10));
+        let seen = wait_around(b.as_fd(), ms(20), ms(10), false);
         let (_a, sent_at) = late.join().unwrap();
         assert!(seen || sent_at > ms(32), "sent at {sent_at:?}");
         assert_eq!(r.recv(b.as_fd()).unwrap(), (TAG_RESULT, vec![RESULT_OK]));
