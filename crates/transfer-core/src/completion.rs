@@ -63,14 +63,14 @@ impl Notify {
         let (tx, rx) = oneshot::channel();
         let driver = Driver::default();
         (
-            Notify::Pending(PendingSender(tx, driver.clone())),
+            Notify::Pending(PendingSender(Some(tx), driver.clone())),
             Pending(rx, driver),
         )
     }
 }
 
 /// The worker-side half of a [`Pending`].
-pub struct PendingSender(oneshot::Sender<Result<()>>, Driver);
+pub struct PendingSender(Option<oneshot::Sender<Result<()>>>, Driver);
 
 impl PendingSender {
     /// The transfer goes to a caller-driven engine.
@@ -78,14 +78,25 @@ impl PendingSender {
         let _ = self.1.set(Drive::Caller(caller.clone()));
     }
 
-    /// The transfer goes to a thread-mode engine its waiter may assist.
+    /// The transfer goes to a thread-mode engine its waiter may assist
+    /// (counted in flight there until this sender completes or drops).
     pub(crate) fn assist(&self, assist: &Arc<Assist>) {
-        let _ = self.1.set(Drive::Assist(assist.clone()));
+        if self.1.set(Drive::Assist(assist.clone())).is_ok() {
+            assist.track();
+        }
     }
 
     /// Whether its waiter assists (see [`PendingSender::assist`]).
     pub(crate) fn assisted(&self) -> bool {
         matches!(self.1.get(), Some(Drive::Assist(_)))
+    }
+}
+
+impl Drop for PendingSender {
+    fn drop(&mut self) {
+        if let Some(Drive::Assist(a)) = self.1.get() {
+            a.untrack();
+        }
     }
 }
 
@@ -229,11 +240,48 @@ impl Notify {
                 flag.set(result);
                 Delivery::Done
             }
-            Notify::Pending(tx) => {
-                tx.0.send(result);
+            Notify::Pending(mut tx) => {
+                let sender = tx.0.take();
+                // Out of the in-flight count before the waiter wakes.
+                drop(tx);
+                if let Some(sender) = sender {
+                    sender.send(result);
+                }
                 Delivery::Done
             }
             Notify::Callback(cb) => Delivery::Deferred(Box::new(move || cb(result))),
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::worker::WorkerQueue;
+    use std::sync::Mutex;
+
+    #[test]
+    fn an_assisted_pending_counts_in_flight_until_delivered_or_dropped() {
+        let slot: Arc<crate::progress::Slot> = Arc::new(Mutex::new(None));
+        let a = Assist::new(vec![(slot, WorkerQueue::new(4))], Duration::from_millis(1));
+        let (n, p) = Notify::pending();
+        let (m, q) = Notify::pending();
+        for notify in [&n, &m] {
+            if let Notify::Pending(tx) = notify {
+                tx.assist(&a);
+                // Set once: a second call neither drives twice nor counts twice.
+                tx.assist(&a);
+            }
+        }
+        assert_eq!(a.in_flight(), 2);
+        // Delivered: out of the count by the time its waiter sees it.
+        assert!(matches!(n.deliver(Ok(())), Delivery::Done));
+        assert_eq!(a.in_flight(), 1);
+        assert!(p.wait().is_ok());
+        // Dropped unfinished (a refused or abandoned job): out as well.
+        drop(m);
+        assert_eq!(a.in_flight(), 0);
+        assert!(q.wait().is_err());
     }
 }
