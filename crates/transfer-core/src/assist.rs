@@ -65,7 +65,10 @@ pub const MAX_ASSISTED_BYTES: u64 = 64 * 1024;
 /// again once per transfer (`transfer-bench local --quick`, tcp, window
 /// 16, 4 interleaved runs each: 64 KiB writes 2.2-2.5 GB/s before
 /// assisting, 1.4-1.8 with it; 4 KiB 420-477 -> 279-459 MB/s), while a
-/// latency-bound caller has one or two in flight.
+/// latency-bound caller has one or two in flight. Counted per engine, not
+/// per thread: several threads that each wait on one transfer count
+/// together, and with more than this in flight they block as without
+/// assisting (their waits then overlap, which the worker serves anyway).
 pub const MAX_ASSISTED_IN_FLIGHT: usize = 2;
 
 /// Whether a waiter of a transfer of `bytes` drives the NICs (the one
