@@ -340,14 +340,15 @@ mod tests {
     fn a_waiter_of_one_of_many_transfers_in_flight_leaves_them_to_the_worker() {
         let n = Arc::new(AtomicUsize::new(0));
         let (slot, queue) = group(&n);
-        let a = Assist::new(vec![(slot, queue.clone())], Duration::from_millis(20));
+        let a = Assist::new(vec![(slot, queue.clone())], Duration::from_secs(5));
         for _ in 0..=MAX_ASSISTED_IN_FLIGHT {
             a.track();
         }
-        // A stream's waiter: no pass, no step-back asked of the worker, at once.
+        // A stream's waiter: no pass, no step-back asked of the worker, and
+        // it does not sit out the 5 s window.
         let t = Instant::now();
         assert!(!a.drive(None, || false));
-        assert!(t.elapsed() < Duration::from_millis(20), "{:?}", t.elapsed());
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
         assert_eq!(n.load(Ordering::SeqCst), 0);
         assert_eq!(queue.assisting.load(Ordering::SeqCst), 0);
         // Down to a latency-bound caller's few: it drives again.
