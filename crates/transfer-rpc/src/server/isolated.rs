@@ -107,11 +107,9 @@ struct Worker {
     /// GRAPH_COMPUTE. A key here the worker dropped anyway (its tensor
     /// bound) still gets NOT_HELD, then COMPUTE.
     kept: VecDeque<u64>,
-    /// How long the last request took, answer included: the next one
-    /// polls for its answer for up to twice that ([`ANSWER_POLL_MAX`]).
-    last_answer: Duration,
-    /// How long requests took lately (the timed wait aims at the
-    /// shortest).
+    /// How long requests took lately, answer included: the timed wait
+    /// aims at [`Pace::expected`]; without a spare core the next request
+    /// polls for up to twice the last one ([`ANSWER_POLL_MAX`]).
     answers: Pace,
     /// The worker's compute threads leave a core spare, so a session may
     /// poll for the whole tail of a compute ([`ANSWER_PREDICT_MAX`]).
@@ -194,7 +192,6 @@ impl Worker {
             rx: Receiver::default(),
             mapped: HashMap::new(),
             kept: VecDeque::new(),
-            last_answer: Duration::MAX,
             answers: Pace::default(),
             spare_core: core_spare(cfg.threads),
         })
@@ -251,17 +248,14 @@ impl Worker {
         send(self.sock.as_fd(), tag, body, None)?;
         let waiting = !self.rx.has_read_ahead();
         let due = self.answers.expected().unwrap_or(Duration::MAX);
+        let last = self.answers.last().unwrap_or(Duration::MAX);
         if waiting && self.spare_core && due < ANSWER_PREDICT_MAX {
             poll_readable_around(self.sock.as_fd(), due, WAKE_MARGIN);
-        } else if waiting && self.last_answer < ANSWER_POLL_MAX {
-            poll_readable(
-                self.sock.as_fd(),
-                (self.last_answer * 2).min(ANSWER_POLL_MAX),
-            );
+        } else if waiting && last < ANSWER_POLL_MAX {
+            poll_readable(self.sock.as_fd(), (last * 2).min(ANSWER_POLL_MAX));
         }
         let (tag, body) = self.rx.recv(self.sock.as_fd())?;
-        self.last_answer = started.elapsed();
-        self.answers.observe(self.last_answer);
+        self.answers.observe(started.elapsed());
         if tag != TAG_RESULT || body.is_empty() {
             return Err(std::io::Error::other("unexpected answer from the worker"));
         }

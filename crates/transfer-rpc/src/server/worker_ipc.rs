@@ -312,13 +312,17 @@ impl Pace {
         self.next = (self.next + 1) % self.recent.len();
     }
 
-    /// The interval to expect; `None` before the first.
-    pub fn expected(&self) -> Option<Duration> {
-        let last = self
-            .recent
+    /// The last interval noted; `None` before the first.
+    pub fn last(&self) -> Option<Duration> {
+        self.recent
             .get((self.next + self.recent.len() - 1) % self.recent.len())
             .copied()
-            .flatten()?;
+            .flatten()
+    }
+
+    /// The interval to expect; `None` before the first.
+    pub fn expected(&self) -> Option<Duration> {
+        let last = self.last()?;
         let shortest = self.recent.iter().flatten().min().copied()?;
         Some(if last > shortest * 2 { last } else { shortest })
     }
@@ -443,22 +447,8 @@ mod tests {
     #[test]
     fn a_poll_gives_up_when_it_shares_its_core_with_a_busy_thread() {
         fn pin_to_first_cpu() {
-            // SAFETY: a zeroed cpu_set_t is empty; CPU_SET and
-            // sched_setaffinity(0, ..) act on this thread only.
-            unsafe {
-                let mut set: libc::cpu_set_t = std::mem::zeroed();
-                let mut first = 0;
-                libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set);
-                while first < libc::CPU_SETSIZE as usize && !libc::CPU_ISSET(first, &set) {
-                    first += 1;
-                }
-                libc::CPU_ZERO(&mut set);
-                libc::CPU_SET(first, &mut set);
-                assert_eq!(
-                    libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
-                    0
-                );
-            }
+            let first = transfer_core::topology::allowed_cpus().unwrap()[0];
+            transfer_core::topology::pin_current_thread(&[first]).unwrap();
         }
         let (_a, b) = UnixStream::pair().unwrap();
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -491,6 +481,7 @@ mod tests {
     fn a_paced_stream_aims_at_its_shortest_recent_interval() {
         let mut p = Pace::default();
         assert_eq!(p.expected(), None);
+        assert_eq!(p.last(), None);
         let ms = Duration::from_millis;
         for d in [5, 3, 5, 4] {
             p.observe(ms(d));
@@ -506,6 +497,7 @@ mod tests {
         assert_eq!(p.expected(), Some(ms(40)));
         // ...and a short one again brings back the shortest.
         p.observe(ms(7));
+        assert_eq!(p.last(), Some(ms(7)));
         assert_eq!(p.expected(), Some(ms(7)));
     }
 
