@@ -23,7 +23,7 @@ use crate::peer::Peer;
 use crate::plan::{Layout, PagedPiece, Piece, Plan, Resolve, Source};
 use crate::recv_pool::RecvPool;
 use crate::region::{HostBuffer, RegionInner};
-use crate::shard::ShardPolicy;
+use crate::shard::{ShardPolicy, split_pages};
 
 /// Where a group's results go: the engine's callback thread and its
 /// immediate counters (shared by every group of the engine).
@@ -375,15 +375,29 @@ impl<D: Domain> DomainGroup<D> {
 
     pub(crate) fn scatter(&mut self, j: ScatterJob, sinks: &Sinks) {
         let start = self.next_start();
+        // Items go to the NICs in contiguous runs, as pages do (the first
+        // 1/nics of them from NIC `start`, the next from the NIC after it),
+        // not round robin: adjacent rows of a batch stay adjacent on their
+        // NIC, where the domain merges them into one multi-segment write.
+        // Round robin left two tcp endpoints per engine 15-25 % behind one
+        // at 64 KiB rows (Python peers bench, `ours-2conn`); in runs they
+        // were ahead of it (4.76-4.95 against 4.21-4.60 GB/s).
+        let blocks = split_pages(j.items.len(), self.domains.len(), start);
         let (plan, mut resolve) = self.begin();
-        let built = j.items.iter().enumerate().try_for_each(|(i, item)| {
-            let piece = Piece {
-                src_offset: item.src_offset,
-                dst: &item.dst,
-                dst_offset: item.dst_offset,
-                len: item.len,
-            };
-            plan.single(source(&j.src), piece, j.imm, start + i, &mut resolve)
+        let built = blocks.iter().try_for_each(|block| {
+            j.items
+                .get(block.first..block.first + block.count)
+                .unwrap_or_default()
+                .iter()
+                .try_for_each(|item| {
+                    let piece = Piece {
+                        src_offset: item.src_offset,
+                        dst: &item.dst,
+                        dst_offset: item.dst_offset,
+                        len: item.len,
+                    };
+                    plan.single(source(&j.src), piece, j.imm, block.nic, &mut resolve)
+                })
         });
         self.launch(built, j.notify, Some(j.src), sinks);
     }

@@ -300,6 +300,10 @@ impl Domain for TestDomain {
             return;
         }
         self.calls.expect(op, writes.len());
+        if let Some(nic) = self.fabric.lock().nics.get_mut(&self.id) {
+            nic.writes_posted
+                .extend(writes.iter().map(|w| (w.remote_addr, w.len)));
+        }
         for w in writes {
             self.queue.push_back(PendingOp {
                 token: op,

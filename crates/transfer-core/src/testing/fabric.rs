@@ -65,6 +65,9 @@ pub(crate) struct Nic {
     pub(crate) imms: VecDeque<u32>,
     pub(crate) posted: VecDeque<(u64, usize, usize)>,
     pub(crate) received: VecDeque<(u64, usize)>,
+    /// Remote address and length of every write posted from this NIC, in
+    /// posting order ([`TestFabric::writes_posted`]).
+    pub(crate) writes_posted: Vec<(u64, usize)>,
     /// Signalled on every delivery to this NIC.
     pub(crate) event: Option<Arc<EventFd>>,
 }
@@ -159,6 +162,16 @@ impl TestFabric {
     /// transfers it cannot cancel.
     pub fn refuse_next_unregisters(&self, n: u64) {
         self.lock().refuse_unregisters = n;
+    }
+
+    /// Remote address and length of every write posted from the NIC at
+    /// `addr` so far, in posting order (empty for an unknown NIC): how an
+    /// engine spread a transfer over its NICs.
+    pub fn writes_posted(&self, addr: &NicAddress) -> Vec<(u64, usize)> {
+        decode_nic(addr)
+            .ok()
+            .and_then(|id| self.lock().nics.get(&id).map(|n| n.writes_posted.clone()))
+            .unwrap_or_default()
     }
 
     /// Removes a NIC as if its host died: operations to it fail.
