@@ -380,8 +380,8 @@ impl<D: Domain> DomainGroup<D> {
         // not round robin: adjacent rows of a batch stay adjacent on their
         // NIC, where the domain merges them into one multi-segment write.
         // Round robin left two tcp endpoints per engine 15-25 % behind one
-        // at 64 KiB rows (Python peers bench, `ours-2conn`); in runs they
-        // were ahead of it (4.76-4.95 against 4.21-4.60 GB/s).
+        // at 64 KiB rows (Python peers bench, `Engine(nics=2)`); with runs,
+        // two were ahead of one (4.76-4.95 against 4.21-4.60 GB/s).
         let blocks = split_pages(j.items.len(), self.domains.len(), start);
         let (plan, mut resolve) = self.begin();
         let built = blocks.iter().try_for_each(|block| {

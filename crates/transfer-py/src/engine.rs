@@ -375,7 +375,9 @@ impl Engine {
     /// `provider`:
     /// a libfabric provider ("tcp", "shm", "efa", ...; default: the
     /// `TRANSFER_PROVIDER` variable, else EFA when present, else tcp).
-    /// `nics`: NICs (domains) to use (default: every EFA NIC, else 1).
+    /// `nics`: NICs (domains) to use (default: every EFA NIC; on tcp two
+    /// endpoints, a connection each per peer, large writes and batches
+    /// split over both; else 1).
     /// `bind`: the IP address IP providers bind to (e.g. "127.0.0.1").
     /// `peer_timeout`: seconds before an operation to a silent peer fails
     /// (default 5). `busy_poll`: workers never sleep (lowest latency, one

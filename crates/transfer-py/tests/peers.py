@@ -19,7 +19,9 @@ PEER_TIMEOUT = 2.0
 CALL_TIMEOUT = 60.0
 
 
-def open_engine(provider: str, nics: int = 1) -> Any:
+def open_engine(provider: str, nics: int | None = 1) -> Any:
+    """An engine on `provider` bound to loopback; `nics=None`: the
+    engine's default (two endpoints on tcp, one on shm)."""
     import transfer
 
     return transfer.Engine(

@@ -55,3 +55,44 @@ def test_paged_write_over_two_nics(pair: tuple[Any, Peer], imm: int) -> None:
     got = np.frombuffer(peer.call("read", idx), dtype=np.uint8).reshape(n, page)
     assert (got == data.reshape(n, page)[pages]).all()
     assert peer.call("imm_value", imm) == 0
+
+
+def test_batch_rows_over_two_nics(pair: tuple[Any, Peer], imm: int) -> None:
+    """Adjacent rows of one batch, split into a contiguous run per NIC:
+    every byte lands and exactly the expected immediates arrive."""
+    engine, peer = pair
+    row, n = 4096, 64
+    idx, desc = peer.call("register", n * row)
+    dst = engine.connect(peer.call("address")).remote(desc)
+    data = np.random.default_rng(2).integers(0, 256, n * row, dtype=np.uint8)
+    rows = np.zeros((n, 3), np.uint64)
+    rows[:, 0] = np.arange(n, dtype=np.uint64) * row
+    rows[:, 1] = rows[:, 0]
+    rows[:, 2] = row
+    engine.write_batch(engine.register(data), dst, rows, imm=imm).wait(TIMEOUT)
+    count = n * peer.call("expected_imms", nbytes=row)
+    peer.call("wait_imm", imm, count, TIMEOUT)
+    assert peer.call("read", idx) == data.tobytes()
+    assert peer.call("imm_value", imm) == 0
+
+
+def test_default_endpoints(provider: str) -> None:
+    """Two endpoints (a connection each per peer) on tcp by default, one on
+    shm; a default engine talks to a one-endpoint peer."""
+    e = open_engine(provider, nics=None)
+    try:
+        assert e.nics == (2 if provider == "tcp" else 1)
+        p = Peer(provider, nics=1)
+        try:
+            p.call("connect", e.address)
+            nbytes = 3 * MiB + 5
+            idx, desc = p.call("register", nbytes)
+            dst = e.connect(p.call("address")).remote(desc)
+            data = np.random.default_rng(3).integers(0, 256, nbytes, dtype=np.uint8)
+            e.write(e.register(data), dst, imm=7).wait(TIMEOUT)
+            p.call("wait_imm", 7, p.call("expected_imms", nbytes=nbytes), TIMEOUT)
+            assert p.call("read", idx) == data.tobytes()
+        finally:
+            p.close()
+    finally:
+        e.close()

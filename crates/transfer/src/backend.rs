@@ -11,6 +11,28 @@ use crate::domains::{AnyDomain, Domains};
 use crate::probe::SystemProbe;
 use crate::selection::{BackendFamily, Choice, Facts, Overrides, choose};
 
+/// Endpoints an engine opens by default on a provider with one NIC per
+/// interface: two on tcp (each a connection per peer, a write's bytes
+/// sharded over both above 512 KiB, a batch's rows split into one
+/// contiguous run per connection), one on shm, udp and sockets.
+///
+/// Why two on tcp: UCX stripes a NIXL stream over two TCP connections
+/// too, and one connection left large writes behind it. Python peers
+/// bench over loopback (`cargo xtask bench --peers`, 2 cores, thread mode,
+/// 2026-12-04/05, one endpoint vs two vs NIXL caller in the same runs):
+/// 1 MiB writes 3.5-4.8 GB/s on one connection, 4.4-5.0 on two, NIXL
+/// 4.1-5.3; 16 MiB 3.5-4.4 / 3.8-4.6 / 3.3-4.1; 64 KiB 3.6-4.7 /
+/// 4.2-5.0 (after the contiguous runs; round robin had lost 15-25 % there)
+/// / 1.8-3.3; 8 B write and echo latency within 1 us, paged and the kv
+/// workload within run-to-run noise.
+#[cfg(feature = "libfabric")]
+fn default_endpoints(provider: &str) -> usize {
+    match transfer_efa::Provider::parse(provider) {
+        transfer_efa::Provider::Tcp => 2,
+        _ => 1,
+    }
+}
+
 /// What a caller may set; every `None` is detected or defaulted. The
 /// environment fills what this leaves unset ([`Backend::from_config`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -112,7 +134,8 @@ impl Backend {
     }
 
     /// How many domains to open. `None` (default): every NIC on EFA (and
-    /// other hardware providers named raw), one on tcp, shm, udp and
+    /// other hardware providers named raw), two endpoints on tcp
+    /// (measured in this file's `default_endpoints`), one on shm, udp and
     /// sockets. `Some(0)`: every NIC the provider lists. `Some(n)`: on
     /// multi-NIC providers the first n NICs; on single-NIC ones n
     /// independent endpoints on the first NIC, so multi-NIC sharding runs
@@ -303,8 +326,13 @@ impl Backend {
                 all.truncate(n);
                 Ok(all)
             }
-            // Single-NIC providers: n independent endpoints on the first NIC.
-            n => transfer_efa::open_loopback_domains(&config, n.unwrap_or(1)).map_err(opening),
+            // Single-NIC providers: n independent endpoints on the first
+            // NIC; by default two on tcp, one elsewhere.
+            n => transfer_efa::open_loopback_domains(
+                &config,
+                n.unwrap_or_else(|| default_endpoints(provider)),
+            )
+            .map_err(opening),
         }
     }
 

@@ -25,8 +25,9 @@ class Adapter:
         bind = "127.0.0.1" if transport == "tcp" else None
         self.busy = mode == "busy"
         self.caller = mode.startswith("caller")
-        # "2conn": two tcp endpoints (NICs) per engine, writes sharded by bytes.
-        nics = 2 if mode.endswith("2conn") else None
+        # "1conn": one tcp endpoint per engine (the default is two, over
+        # which large writes and batches are split).
+        nics = 1 if mode.endswith("1conn") else None
         self.eng = transfer.Engine(
             provider=provider, nics=nics, bind=bind, busy_poll=self.busy,
             progress="caller" if self.caller else "thread",
@@ -43,8 +44,9 @@ class Adapter:
         else:
             how = "engine worker thread " + (
                 "busy-polling (one core per process)" if self.busy else "(parks when idle, no busy polling)")
-        if nics:
-            how += f", {self.eng.nics} endpoints per engine (writes sharded by bytes)"
+        if transport == "tcp":
+            how += (f", {self.eng.nics} tcp endpoint(s) per engine"
+                    + (" (large writes and batches split over them)" if self.eng.nics > 1 else ""))
         self.config = (
             f"transfer-py (Python), libfabric {self.eng.provider}, {how}"
             + ", writes via write / write_batch / write_paged, receiver "

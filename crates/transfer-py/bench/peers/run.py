@@ -35,11 +35,11 @@ ENGINES = {
     "ours-busy": ("eng_ours", "busy", ("tcp", "shm")),
     # Caller-driven progress: no engine threads, the caller polls.
     "ours-caller": ("eng_ours", "caller", ("tcp", "shm")),
-    # Diagnostics, not in the default list: two tcp endpoints per engine
-    # (writes sharded by bytes over two connections, as UCX stripes a NIXL
-    # stream over two TCP sockets here).
-    "ours-2conn": ("eng_ours", "2conn", ("tcp",)),
-    "ours-caller-2conn": ("eng_ours", "caller-2conn", ("tcp",)),
+    # Diagnostics, not in the default list: one tcp endpoint per engine
+    # (one connection per peer; the default is two, over which writes are
+    # sharded as UCX stripes a NIXL stream over two TCP sockets).
+    "ours-1conn": ("eng_ours", "1conn", ("tcp",)),
+    "ours-caller-1conn": ("eng_ours", "caller-1conn", ("tcp",)),
     "mooncake": ("eng_mooncake", "", ("tcp",)),
     "nixl": ("eng_nixl", "thread", ("tcp", "shm")),
     "nixl-caller": ("eng_nixl", "caller", ("tcp", "shm")),
@@ -181,8 +181,8 @@ def prims(args: argparse.Namespace) -> None:
                 recs.append(record("primitives", ENGINE_NAME[e], t, configs[(e, t)], {"row": label}, "p99_us", unit, p99))
         write_jsonl(Path(args.out_dir) / f"{e}-primitives-{t}.jsonl", recs)
     peers = [e for e in ("mooncake", "nixl", "nixl-caller") if e in args.engines]
-    extra = [e for e in ("ours-caller", "ours-busy", "ours-2conn", "ours-caller-2conn") if e in args.engines]
-    ratios = [e for e in ("ours", "ours-caller", "ours-2conn", "ours-caller-2conn") if e in args.engines]
+    extra = [e for e in ("ours-caller", "ours-busy", "ours-1conn", "ours-caller-1conn") if e in args.engines]
+    ratios = [e for e in ("ours", "ours-caller", "ours-1conn", "ours-caller-1conn") if e in args.engines]
     head = (["row", "via", "ours"] + [TITLE[e] for e in extra + peers]
             + [f"{TITLE[e]} / best peer" for e in ratios])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -290,11 +290,11 @@ def kv(args: argparse.Namespace) -> None:
 
 
 TITLE = {"ours": "ours", "ours-busy": "ours busy-poll", "ours-caller": "ours caller",
-         "ours-2conn": "ours 2 conn", "ours-caller-2conn": "ours caller 2 conn", "mooncake": "Mooncake", "nixl": "NIXL", "nixl-caller": "NIXL caller"}
-ENGINE_NAME = {"ours": "ours", "ours-busy": "ours", "ours-caller": "ours", "ours-2conn": "ours",
-               "ours-caller-2conn": "ours", "mooncake": "mooncake", "nixl": "nixl", "nixl-caller": "nixl"}
+         "ours-1conn": "ours 1 conn", "ours-caller-1conn": "ours caller 1 conn", "mooncake": "Mooncake", "nixl": "NIXL", "nixl-caller": "NIXL caller"}
+ENGINE_NAME = {"ours": "ours", "ours-busy": "ours", "ours-caller": "ours", "ours-1conn": "ours",
+               "ours-caller-1conn": "ours", "mooncake": "mooncake", "nixl": "nixl", "nixl-caller": "nixl"}
 KV_NAME = {"ours": "ours-py", "ours-busy": "ours-py-busy", "ours-caller": "ours-py-caller",
-           "ours-2conn": "ours-py-2conn", "ours-caller-2conn": "ours-py-caller-2conn", "mooncake": "mooncake", "nixl": "nixl", "nixl-caller": "nixl"}
+           "ours-1conn": "ours-py-1conn", "ours-caller-1conn": "ours-py-caller-1conn", "mooncake": "mooncake", "nixl": "nixl", "nixl-caller": "nixl"}
 
 
 def main() -> None:
