@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use transfer_core::{
-    DoneFlag, EngineAddress, LocalRegion, Notify, RemoteRegion, RemoteTarget, TransferEngine,
+    DoneFlag, EngineAddress, LocalRegion, Notify, ProgressMode, RemoteRegion, RemoteTarget,
+    TransferEngine,
 };
 
 use crate::backend::{BackendOpts, GUARD};
@@ -224,8 +225,11 @@ fn rank_loop(
     let setup = setup_of(&job.workload)
         .ok_or_else(|| BenchError::Usage(format!("unknown workload {:?}", job.workload)))?;
     // Before the engine: its threads inherit the binding.
-    crate::workloads::pin::pin_rank(rank, job.world);
+    let bound = crate::workloads::pin::pin_rank(rank, job.world);
     let mode = signal::progress_mode(opts)?;
+    if bound.is_some() && mode == ProgressMode::Caller {
+        crate::workloads::pin::no_wakeup_preemption();
+    }
     let ctx = Ctx {
         engine: Arc::new(
             opts.backend()?

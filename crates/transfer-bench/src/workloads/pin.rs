@@ -24,13 +24,54 @@ use transfer_core::topology;
 /// `TRANSFER_WORKLOADS_PIN=none` leaves ranks unbound (for comparison).
 const ENV: &str = "TRANSFER_WORKLOADS_PIN";
 
+/// `TRANSFER_WORKLOADS_SCHED=normal` keeps bound caller-driven ranks in
+/// the normal scheduling class ([`no_wakeup_preemption`], for comparison).
+const SCHED_ENV: &str = "TRANSFER_WORKLOADS_SCHED";
+
 /// The binding in words, for the records' configuration.
 pub fn words() -> &'static str {
-    if std::env::var(ENV).is_ok_and(|v| v == "none") {
-        "unbound"
-    } else {
-        "each bound to one CPU when they outnumber the CPUs (rank r to the r-th, round-robin)"
+    let batch = !std::env::var(SCHED_ENV).is_ok_and(|v| v == "normal");
+    match (std::env::var(ENV).is_ok_and(|v| v == "none"), batch) {
+        (true, _) => "unbound",
+        (false, true) => {
+            "each bound to one CPU when they outnumber the CPUs (rank r to the r-th, \
+             round-robin), caller-driven ones then in SCHED_BATCH (no wake-up preemption)"
+        }
+        (false, false) => {
+            "each bound to one CPU when they outnumber the CPUs (rank r to the r-th, round-robin)"
+        }
     }
+}
+
+/// Puts the calling thread in `SCHED_BATCH`, the normal class without
+/// wake-up preemption, unless `TRANSFER_WORKLOADS_SCHED=normal`. For a
+/// caller-driven rank bound to a CPU it shares with another rank; returns
+/// whether the class changed (an optimisation, never required).
+///
+/// Why: libfabric's shm provider guards each endpoint's command queue with
+/// a spin lock in shared memory (`pthread_spin_lock`, held by the owner
+/// while it processes commands and by every sender while it posts). A rank
+/// woken from a nap preempts the rank that shares its CPU, and when that
+/// rank held such a lock, whoever posts to it next spins until the
+/// scheduler's slice ends, as does the woken rank itself when it posts to
+/// the holder. Traced (moe E=4 T=8 combine, shm, 200 iterations, per-rank
+/// timestamps): 61 iterations over 1 ms, every one a rank's posting of its
+/// three writes taking 1.5-5.3 ms; `perf` put 16 % of the ranks' samples in
+/// `pthread_spin_lock` (T=1). In `SCHED_BATCH` a woken rank waits for the
+/// holder to give the CPU away (`workloads run --workload moe --provider
+/// shm --repeats 40`, 3 interleaved rounds, normal -> batch): combine p90
+/// T=8 2857-3492 -> 368-420 us, T=32 1555-5661 -> 1310-1675, T=128
+/// 8465-11049 -> 6520-7506; medians within the rounds' spread; tcp
+/// (worker threads, no cross-process lock) unchanged, so not applied there.
+pub fn no_wakeup_preemption() -> bool {
+    if std::env::var(SCHED_ENV).is_ok_and(|v| v == "normal") {
+        return false;
+    }
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: sched_setscheduler reads one sched_param from a live local;
+    // pid 0 is the calling thread; SCHED_BATCH with priority 0 needs no
+    // privilege. A failure leaves the class unchanged.
+    unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) == 0 }
 }
 
 /// Binds the calling thread (and the threads it starts afterwards: call it
@@ -57,4 +98,26 @@ pub fn pin_rank(rank: usize, world: usize) -> Option<usize> {
     }
     let cpu = cpus[rank % cpus.len()];
     topology::pin_current_thread(&[cpu]).ok().map(|()| cpu)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_thread_leaves_wake_up_preemption_and_only_it() {
+        if std::env::var(SCHED_ENV).is_ok_and(|v| v == "normal") {
+            eprintln!("skipped: {SCHED_ENV}=normal keeps the normal class");
+            return;
+        }
+        // SAFETY: sched_getscheduler(0) only reads the calling thread's class.
+        let class = || unsafe { libc::sched_getscheduler(0) };
+        let before = class();
+        let (changed, after) = std::thread::spawn(move || (no_wakeup_preemption(), class()))
+            .join()
+            .unwrap_or((false, -1));
+        assert!(changed, "SCHED_BATCH needs no privilege");
+        assert_eq!(after, libc::SCHED_BATCH);
+        assert_eq!(class(), before, "other threads keep their class");
+    }
 }
