@@ -15,7 +15,8 @@ use super::registry::BufferRegistry;
 use super::worker_graph;
 use super::worker_ipc::{
     Pace, RESULT_ERROR, RESULT_NOT_HELD, RESULT_OK, Receiver, TAG_COMPUTE, TAG_MAP, TAG_RESULT,
-    TAG_RUN, TAG_UNMAP, core_spare, poll_readable, poll_readable_around, send, u64_at,
+    TAG_RUN, TAG_UNMAP, TIMED_WAIT_MAX, core_spare, poll_readable, poll_readable_around, send,
+    u64_at,
 };
 use crate::error::{Result, RpcError};
 use crate::validate::{GraphLimits, ValidatedGraph};
@@ -31,12 +32,6 @@ pub const CRASH_MARKER: &[u8] = b"transfer-rpc-test-crash";
 /// How long the worker looks for its next message before it blocks
 /// (CPU spent per graph at most; yielding between looks).
 const NEXT_POLL: std::time::Duration = std::time::Duration::from_micros(100);
-
-/// Longest gap between an answer and the next graph that the worker times
-/// its wait by, where a core is spare (see `isolated::ANSWER_PREDICT_MAX`):
-/// a client's decode steps come at a steady pace, so the next one is due
-/// about as long after this answer as the last one was.
-const NEXT_PREDICT_MAX: std::time::Duration = std::time::Duration::from_millis(4);
 
 fn io(call: &'static str, e: std::io::Error) -> RpcError {
     RpcError::io(call, e)
@@ -139,8 +134,11 @@ pub fn serve(sock: OwnedFd, devices: u32, threads: usize, limits: GraphLimits) -
     loop {
         if !rx.has_read_ahead() {
             match (answered, gaps.expected()) {
-                (Some(_), Some(gap)) if spare_core && gap < NEXT_PREDICT_MAX => {
-                    poll_readable_around(sock.as_fd(), gap, super::isolated::WAKE_MARGIN);
+                // A client's decode steps come at a steady pace: the next
+                // graph is due about as long after this answer as the last
+                // one was.
+                (Some(_), Some(gap)) if spare_core && gap < TIMED_WAIT_MAX => {
+                    poll_readable_around(sock.as_fd(), gap);
                 }
                 // The next graph of a stream of graphs (llama.cpp's
                 // test-backend-ops perf mode, a client's back-to-back

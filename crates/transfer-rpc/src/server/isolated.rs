@@ -43,7 +43,7 @@ use super::registry::{Buffer, BufferRegistry};
 use super::worker_graph;
 use super::worker_ipc::{
     Pace, RESULT_NOT_HELD, RESULT_OK, Receiver, TAG_COMPUTE, TAG_MAP, TAG_RESULT, TAG_RUN,
-    TAG_UNMAP, core_spare, poll_readable, poll_readable_around, send,
+    TAG_UNMAP, TIMED_WAIT_MAX, core_spare, poll_readable, poll_readable_around, send,
 };
 use crate::error::{Result, RpcError};
 use crate::validate::{GraphLimits, ValidatedGraph};
@@ -112,7 +112,7 @@ struct Worker {
     /// polls for up to twice the last one ([`ANSWER_POLL_MAX`]).
     answers: Pace,
     /// The worker's compute threads leave a core spare, so a session may
-    /// poll for the whole tail of a compute ([`ANSWER_PREDICT_MAX`]).
+    /// time its wait for an answer ([`TIMED_WAIT_MAX`]).
     spare_core: bool,
 }
 
@@ -127,17 +127,6 @@ struct Worker {
 /// (their compute dwarfs the wake-up); the poll yields the core between
 /// looks, so compute threads on the same core go first.
 const ANSWER_POLL_MAX: Duration = Duration::from_micros(200);
-
-/// Longest answer a request still times its wait by, where a core is
-/// spare: it sleeps until [`WAKE_MARGIN`] before the answer is due (when
-/// recent ones came: [`Pace`]) and polls from there, so the answer finds it
-/// awake. Above this the two wake-ups of a graph are under 2.5 % of it, and
-/// polling a longer compute's tail is not worth a core's time.
-const ANSWER_PREDICT_MAX: Duration = Duration::from_millis(4);
-
-/// How long before a message is due a timed wait wakes up: a wake-up's
-/// cost here (40-60 us) and then some.
-pub(crate) const WAKE_MARGIN: Duration = Duration::from_micros(100);
 
 impl Worker {
     fn spawn(cfg: &IsolatedConfig, device: usize) -> Result<Worker> {
@@ -249,8 +238,8 @@ impl Worker {
         let waiting = !self.rx.has_read_ahead();
         let due = self.answers.expected().unwrap_or(Duration::MAX);
         let last = self.answers.last().unwrap_or(Duration::MAX);
-        if waiting && self.spare_core && due < ANSWER_PREDICT_MAX {
-            poll_readable_around(self.sock.as_fd(), due, WAKE_MARGIN);
+        if waiting && self.spare_core && due < TIMED_WAIT_MAX {
+            poll_readable_around(self.sock.as_fd(), due);
         } else if waiting && last < ANSWER_POLL_MAX {
             poll_readable(self.sock.as_fd(), (last * 2).min(ANSWER_POLL_MAX));
         }

@@ -328,10 +328,21 @@ impl Pace {
     }
 }
 
+/// Longest interval a thread times its wait by ([`poll_readable_around`]),
+/// for an answer (the session) or the next graph (the worker), where a core
+/// is spare. Above this the two wake-ups of a graph are under 2.5 % of it,
+/// and polling a longer compute's tail is not worth a core's time.
+pub const TIMED_WAIT_MAX: Duration = Duration::from_millis(4);
+
+/// How long before a message is due a timed wait wakes up: a wake-up's
+/// cost here (40-60 us) and then some.
+const WAKE_MARGIN: Duration = Duration::from_micros(100);
+
 /// Waits for a message expected about `expected` from now: blocks in a
-/// timed poll until `margin` before it, then polls with yields until
-/// `margin` (plus an eighth of `expected`, at most another `margin`, for
-/// the jitter of a compute) after it: at most three margins of polling. Returns whether `sock` became readable; the caller blocks in
+/// timed poll until [`WAKE_MARGIN`] before it, then polls with yields
+/// until that margin (plus an eighth of `expected`, at most another margin,
+/// for the jitter of a compute) after it: at most three margins of
+/// polling. Returns whether `sock` became readable; the caller blocks in
 /// its read afterwards either way.
 ///
 /// Why: a thread blocked in a read is woken when the message comes, and
@@ -341,8 +352,8 @@ impl Pace {
 /// poll's own wake-up happens while the sender is still busy and the
 /// message finds this thread polling. Costs at most the poll window of a
 /// core per message, and only where a core is spare (the callers check).
-pub fn poll_readable_around(sock: BorrowedFd<'_>, expected: Duration, margin: Duration) -> bool {
-    wait_around(sock, expected, margin, true)
+pub fn poll_readable_around(sock: BorrowedFd<'_>, expected: Duration) -> bool {
+    wait_around(sock, expected, WAKE_MARGIN, true)
 }
 
 fn wait_around(
@@ -518,10 +529,11 @@ mod tests {
             a
         });
         let t = Instant::now();
-        assert!(poll_readable_around(
+        assert!(wait_around(
             b.as_fd(),
             Duration::from_secs(20),
-            ms(10)
+            ms(10),
+            true
         ));
         assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
         let a = early.join().unwrap();
