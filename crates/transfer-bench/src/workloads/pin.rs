@@ -28,18 +28,26 @@ const ENV: &str = "TRANSFER_WORKLOADS_PIN";
 /// the normal scheduling class ([`no_wakeup_preemption`], for comparison).
 const SCHED_ENV: &str = "TRANSFER_WORKLOADS_SCHED";
 
+/// Whether `TRANSFER_WORKLOADS_PIN=none` asks for unbound ranks.
+fn unbound() -> bool {
+    std::env::var(ENV).is_ok_and(|v| v == "none")
+}
+
+/// Whether `TRANSFER_WORKLOADS_SCHED=normal` keeps the normal class.
+fn normal_class() -> bool {
+    std::env::var(SCHED_ENV).is_ok_and(|v| v == "normal")
+}
+
 /// The binding in words, for the records' configuration.
-pub fn words() -> &'static str {
-    let batch = !std::env::var(SCHED_ENV).is_ok_and(|v| v == "normal");
-    match (std::env::var(ENV).is_ok_and(|v| v == "none"), batch) {
-        (true, _) => "unbound",
-        (false, true) => {
-            "each bound to one CPU when they outnumber the CPUs (rank r to the r-th, \
-             round-robin), caller-driven ones then in SCHED_BATCH (no wake-up preemption)"
-        }
-        (false, false) => {
-            "each bound to one CPU when they outnumber the CPUs (rank r to the r-th, round-robin)"
-        }
+pub fn words() -> String {
+    const BOUND: &str =
+        "each bound to one CPU when they outnumber the CPUs (rank r to the r-th, round-robin)";
+    if unbound() {
+        "unbound".into()
+    } else if normal_class() {
+        BOUND.into()
+    } else {
+        format!("{BOUND}, caller-driven ones then in SCHED_BATCH (no wake-up preemption)")
     }
 }
 
@@ -64,7 +72,7 @@ pub fn words() -> &'static str {
 /// 8465-11049 -> 6520-7506; medians within the rounds' spread; tcp
 /// (worker threads, no cross-process lock) unchanged, so not applied there.
 pub fn no_wakeup_preemption() -> bool {
-    if std::env::var(SCHED_ENV).is_ok_and(|v| v == "normal") {
+    if normal_class() {
         return false;
     }
     let param = libc::sched_param { sched_priority: 0 };
@@ -89,7 +97,7 @@ pub fn no_wakeup_preemption() -> bool {
 /// cannot leave a CPU other jobs load). weights (6 ranks) gained: update
 /// shm 46 -> 27 ms, tcp 62 -> 47 ms (3 rounds).
 pub fn pin_rank(rank: usize, world: usize) -> Option<usize> {
-    if std::env::var(ENV).is_ok_and(|v| v == "none") {
+    if unbound() {
         return None;
     }
     let cpus = topology::allowed_cpus().ok()?;
@@ -106,7 +114,7 @@ mod tests {
 
     #[test]
     fn a_thread_leaves_wake_up_preemption_and_only_it() {
-        if std::env::var(SCHED_ENV).is_ok_and(|v| v == "normal") {
+        if normal_class() {
             eprintln!("skipped: {SCHED_ENV}=normal keeps the normal class");
             return;
         }
